@@ -1,0 +1,123 @@
+"""shardlab.accounting: the one copy of every byte count, volume and bubble fraction.
+
+Pure Python; importing it never imports torch. Modules:
+
+``memory``       persistent model state per rank (precision recipes x DDP/ZeRO layouts)
+``peak``         predicted per-rank peak of a step (state + gathered units + activations + buffers)
+``activations``  saved-activation bytes per transformer layer (Korthikanti et al.)
+``comm``         ring/tree collective volumes, alpha-beta time, per-step volumes
+``pipeline``     bubble formulas, schedule generator and event-driven simulator
+``mesh``         device meshes (G = D t p c), rank <-> coordinates, groups, MoE folding
+"""
+
+from . import activations, comm, memory, mesh, peak, pipeline
+from .activations import (
+    MODES,
+    ActivationRow,
+    activation_bytes,
+    activation_bytes_per_layer,
+    activation_table,
+)
+from .comm import (
+    ALGOS,
+    COLLECTIVES,
+    alpha_beta_time,
+    grad_accum_volume,
+    pipeline_p2p_volume,
+    ring_sent_bytes,
+    rounds,
+    sent_bytes,
+    step_volume,
+    tp_volume,
+)
+from .memory import (
+    GB,
+    LAYOUTS,
+    OBJECTS,
+    RECIPES,
+    SHARDED_OBJECTS,
+    GiB,
+    Recipe,
+    StateBreakdown,
+    get_recipe,
+    model_state,
+    state_table,
+)
+from .mesh import AXES, EXPERT_AXES, Coords, Mesh, MoeFold, moe_fold
+from .peak import (
+    TERMS,
+    PeakBreakdown,
+    PeakPoint,
+    fsdp_gathered_units_alive,
+    predict_layout_peak,
+    predict_peak,
+)
+from .pipeline import (
+    ACTION_KINDS,
+    KINDS,
+    Action,
+    SimResult,
+    bubble_ratio,
+    bubble_time,
+    idle_fraction,
+    schedule,
+    simulate,
+    utilization,
+)
+
+__all__ = [
+    "ACTION_KINDS",
+    "ALGOS",
+    "AXES",
+    "Action",
+    "ActivationRow",
+    "COLLECTIVES",
+    "Coords",
+    "EXPERT_AXES",
+    "GB",
+    "GiB",
+    "KINDS",
+    "LAYOUTS",
+    "MODES",
+    "Mesh",
+    "MoeFold",
+    "OBJECTS",
+    "PeakBreakdown",
+    "PeakPoint",
+    "RECIPES",
+    "Recipe",
+    "SHARDED_OBJECTS",
+    "SimResult",
+    "StateBreakdown",
+    "TERMS",
+    "activation_bytes",
+    "activation_bytes_per_layer",
+    "activation_table",
+    "activations",
+    "alpha_beta_time",
+    "bubble_ratio",
+    "bubble_time",
+    "comm",
+    "fsdp_gathered_units_alive",
+    "get_recipe",
+    "grad_accum_volume",
+    "idle_fraction",
+    "memory",
+    "mesh",
+    "model_state",
+    "moe_fold",
+    "peak",
+    "pipeline",
+    "pipeline_p2p_volume",
+    "predict_layout_peak",
+    "predict_peak",
+    "ring_sent_bytes",
+    "rounds",
+    "schedule",
+    "sent_bytes",
+    "simulate",
+    "state_table",
+    "step_volume",
+    "tp_volume",
+    "utilization",
+]

@@ -1,0 +1,85 @@
+"""Predicted peak: term bookkeeping, FSDP unit lifetimes, layout helper, validation."""
+
+import pytest
+from shardlab.accounting.memory import model_state
+from shardlab.accounting.peak import (
+    TERMS,
+    fsdp_gathered_units_alive,
+    predict_layout_peak,
+    predict_peak,
+)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+@pytest.mark.parametrize("prefetch", [0, 1, 2, True, False])
+def test_units_alive(n, prefetch):
+    k = int(prefetch)
+    for phase in ("forward", "backward"):
+        assert fsdp_gathered_units_alive(prefetch, True, n, phase) == min(1 + k, n)
+        assert fsdp_gathered_units_alive(prefetch, False, n, phase) == n
+
+
+def test_terms_and_phase():
+    r = predict_peak(100, [10, 20, 30], 60, buffer_bytes=5, prefetch=1)
+    assert set(r.terms) == set(TERMS)
+    assert r.total == sum(r.terms.values()) == 100 + 50 + 60 + 5
+    assert (r.phase_of_peak, r.unit_of_peak) == ("backward", 2)
+    assert len(r.timeline) == 6
+    fwd0 = r.timeline[0]
+    assert fwd0.alive_units == (0, 1) and fwd0.terms["activations"] == 20
+    assert r.as_rows()[-1]["bytes"] == r.total
+
+
+def test_no_reshard_holds_every_unit():
+    units = [10, 20, 30]
+    keep = predict_peak(0, units, [1, 1, 1], reshard_after_forward=False)
+    assert keep.terms["gathered_params"] == 60
+    reshard = predict_peak(0, units, [1, 1, 1])
+    assert reshard.terms["gathered_params"] == 30
+    g = predict_peak(0, units, 0, grad_unit_bytes=[1, 2, 3])
+    assert g.terms["unsharded_grads"] == 3 and g.phase_of_peak == "backward"
+
+
+def test_no_units_is_sum():
+    r = predict_peak(1000, [], 200, 30)
+    assert r.total == 1230 and r.terms["gathered_params"] == 0
+
+
+def test_layout_helper():
+    n, d = 7_000_000_000, 8
+    ddp = predict_layout_peak(n, d, "ddp", activation_bytes=1e9)
+    assert ddp.total == model_state(n, d, "ddp").total + 1e9
+    z3 = predict_layout_peak(n, d, "zero3", activation_bytes=1e9, n_units=28, prefetch=1)
+    assert z3.terms["persistent"] == 14e9
+    assert z3.terms["gathered_params"] == 2 * 2 * n / 28  # current + prefetched, 2 B weights
+    assert z3.terms["unsharded_grads"] == 2 * n / 28
+    one = predict_layout_peak(n, d, "zero3", n_units=1)  # one unit gathers the whole model
+    assert one.terms["gathered_params"] == 14e9
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(persistent_bytes=-1, unit_bytes=[], activation_bytes=0), "persistent_bytes=-1"),
+        (dict(persistent_bytes=0, unit_bytes=[1, -2], activation_bytes=0), r"unit_bytes\[1\]"),
+        (dict(persistent_bytes=0, unit_bytes=[1], activation_bytes=[1, 2]), "n_units=1"),
+        (dict(persistent_bytes=0, unit_bytes=[1], activation_bytes=0, prefetch=-1), "prefetch"),
+        (dict(persistent_bytes=0, unit_bytes=5, activation_bytes=0), "unit_bytes=5"),
+        (
+            dict(persistent_bytes=0, unit_bytes=[1], activation_bytes=0, reshard_after_forward=0),
+            "reshard_after_forward=0",
+        ),
+    ],
+)
+def test_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        predict_peak(**kwargs)
+
+
+def test_helper_validation():
+    with pytest.raises(ValueError, match="phase='optim'"):
+        fsdp_gathered_units_alive(1, True, 4, "optim")
+    with pytest.raises(ValueError, match="n_units=0"):
+        predict_layout_peak(10, 2, "zero3", n_units=0)
+    with pytest.raises(ValueError, match="dp=0"):
+        predict_layout_peak(10, 0, "zero3")
