@@ -1,0 +1,110 @@
+# shardlab — build the book, run the tests.
+#
+#   make book        environment (if missing) + widget JS + book build, then serve on :8000
+#   make test        environment (if missing) + ruff + pytest + nbval + book build
+#
+# Notebooks are discovered by glob: book/**/*.ipynb and labs/**/*.ipynb, except _build,
+# .ipynb_checkpoints and hidden/ folders (the same set tools/execute_notebooks.py uses).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON3 ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+VENV_STAMP := $(VENV)/.requirements-installed
+WIDGET_JS := book/_widgets_js
+WIDGET_STAMP := $(WIDGET_JS)/.fetched
+HTML := _build/html
+PORT ?= 8000
+# `make book BIND=0.0.0.0` to serve beyond this machine
+BIND ?= 127.0.0.1
+# pytest-xdist workers for the test and notebook passes
+WORKERS ?= 2
+# `make execute NB="book/01_collectives.ipynb"` re-executes only those
+NB ?=
+
+NOTEBOOKS = $(shell find book labs -name '*.ipynb' \
+	-not -path '*/_build/*' -not -path '*/.ipynb_checkpoints/*' -not -path '*/hidden/*' \
+	2>/dev/null | sort)
+
+JB_BUILD := $(BIN)/jupyter-book build . --all -W --keep-going
+NBVAL := $(BIN)/pytest --nbval --nbval-current-env \
+	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 \
+	-p no:cacheprovider
+
+.PHONY: help venv widget-js book-build book test lint pytest nbval execute lab clean distclean
+
+help:
+	@echo "make book        build the book (creates .venv if missing) and serve it on http://localhost:$(PORT)"
+	@echo "make book-build  build the book into $(HTML) only (warnings are errors)"
+	@echo "make test        ruff, pytest, nbval over every notebook, book build"
+	@echo "make lint | pytest | nbval   one part of make test"
+	@echo "make execute     re-execute every notebook in place (NB=\"a.ipynb b.ipynb\" for some)"
+	@echo "make lab         open the labs in JupyterLab"
+	@echo "make clean       remove build outputs (keeps .venv); make distclean also removes .venv"
+
+# --- environment -----------------------------------------------------------------------
+
+venv: $(VENV_STAMP)
+
+$(VENV_STAMP): requirements.txt pkg/pyproject.toml
+	@test -x $(PY) || { echo "creating $(VENV) with $(PYTHON3)"; $(PYTHON3) -m venv $(VENV); }
+	$(PY) -m pip install -r requirements.txt
+	@touch $@
+
+widget-js: $(WIDGET_STAMP)
+
+$(WIDGET_STAMP): tools/fetch_widget_js.sh
+	bash tools/fetch_widget_js.sh $(WIDGET_JS)
+
+# --- book --------------------------------------------------------------------------------
+
+book-build: venv widget-js
+	$(JB_BUILD)
+	$(PY) tools/check_site.py $(HTML)
+
+book: book-build
+	@echo
+	@echo "The book is at http://localhost:$(PORT)/  (Ctrl-C stops the server)"
+	@echo
+	$(PY) -m http.server $(PORT) --bind $(BIND) --directory $(HTML)
+
+# --- tests -------------------------------------------------------------------------------
+
+test: venv
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory pytest
+	$(MAKE) --no-print-directory nbval
+	$(MAKE) --no-print-directory book-build
+	@echo "make test: all checks passed"
+
+lint: venv
+	$(BIN)/ruff check .
+
+# Unit, lab and hidden tests (pytest.ini: testpaths = tests labs). Notebooks are not
+# collected here (no --nbval), so nothing runs twice. Exit code 5 (no tests) is an error.
+pytest: venv
+	$(BIN)/pytest -n $(WORKERS) tests labs
+
+# Strict nbval over the notebook files only: passing the .ipynb paths (not folders) keeps
+# pytest from collecting the .py tests a second time. loadscope keeps each notebook's cells
+# together, in order, on one worker.
+nbval: venv
+	@if [ -z "$(strip $(NOTEBOOKS))" ]; then echo "nbval: no notebooks found"; exit 0; fi
+	$(NBVAL) -n $(WORKERS) --dist loadscope $(NOTEBOOKS)
+
+execute: venv
+	$(PY) tools/execute_notebooks.py $(NB)
+
+lab: venv
+	$(BIN)/jupyter lab labs/
+
+clean:
+	rm -rf _build $(WIDGET_JS) shots
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,48 @@
+"""shardlab.widgets: ipywidgets calculators over ``shardlab.accounting``.
+
+One calculator per area. Each ``*_calculator(**defaults)`` returns an ``ipywidgets.VBox``
+(controls above an ``HTML`` output; attributes ``.controls``, ``.output``, ``.update()``).
+The output is a plain HTML string (tables + inline SVG chart), rendered once at
+construction, so a page built without a running kernel still shows the default result.
+Each ``render_*(**kwargs) -> str`` returns that HTML without widgets, and each
+``*_report(...)`` returns the :class:`~shardlab.widgets._common.Report` (tables + JSON data)
+that the CLI prints. Bad input shows a red sentence, never a traceback.
+
+ipywidgets is imported only when a calculator is built.
+"""
+
+from .activations import activations_calculator, activations_report, render_activations
+from .comm import (
+    comm_calculator,
+    comm_report,
+    load_machine_preset,
+    render_comm,
+    render_step_volume,
+    set_machine_preset,
+    step_report,
+)
+from .memory import memory_calculator, memory_report, render_memory
+from .mesh import mesh_calculator, mesh_report, render_mesh
+from .pipeline import pipeline_calculator, pipeline_report, render_pipeline
+
+__all__ = [
+    "activations_calculator",
+    "activations_report",
+    "comm_calculator",
+    "comm_report",
+    "load_machine_preset",
+    "memory_calculator",
+    "memory_report",
+    "mesh_calculator",
+    "mesh_report",
+    "pipeline_calculator",
+    "pipeline_report",
+    "render_activations",
+    "render_comm",
+    "render_memory",
+    "render_mesh",
+    "render_pipeline",
+    "render_step_volume",
+    "set_machine_preset",
+    "step_report",
+]

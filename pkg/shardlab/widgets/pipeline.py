@@ -1,0 +1,186 @@
+"""Pipeline calculator: closed-form bubbles and a Gantt chart of the generated schedule.
+
+Closed forms come from :mod:`shardlab.accounting.pipeline` (``bubble_ratio``,
+``idle_fraction``, ``utilization``, ``bubble_time``); the schedule from
+``schedule(kind, p, m, v)`` and its timing from ``simulate``. Costs are in arbitrary time
+units per microbatch for a whole rank's layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shardlab.accounting import pipeline as acc
+
+from ._common import (
+    Report,
+    Table,
+    build_calculator,
+    fmt_num,
+    fmt_pct,
+    html_report,
+    parse_number,
+    svg_gantt,
+)
+
+SCHEDULE_CHOICES = acc.KINDS
+
+
+def _order(k: str) -> tuple[int, str]:
+    return acc.ACTION_KINDS.index(k.split()[0]), k
+
+
+def resolve_kind(kind: str, v: int) -> str:
+    """``1f1b`` with ``v > 1`` chunks means interleaved 1F1B."""
+    return "interleaved" if kind == "1f1b" and isinstance(v, int) and v > 1 else kind
+
+
+def pipeline_report(
+    kind: str = "1f1b",
+    p: Any = 4,
+    m: Any = 8,
+    v: Any = 1,
+    costs: Mapping[str, Any] | None = None,
+    comm: Any = 0.0,
+) -> Report:
+    """Closed-form bubble numbers next to the simulated schedule (and its Gantt chart)."""
+    pp = parse_number("p (stages)", p)
+    mm = parse_number("m (microbatches)", m)
+    vv = parse_number("v (chunks)", v)
+    cc = {k: parse_number(f"cost {k}", x) for k, x in (costs or {}).items()}
+    delay = parse_number("comm", comm)
+    kind = resolve_kind(kind, vv)
+    if kind not in acc.KINDS:
+        raise ValueError(f"schedule={kind!r} is not one of {', '.join(acc.KINDS)}")
+    v_closed = vv if kind == "interleaved" else 1
+    sched = acc.schedule(kind, pp, mm, vv)
+    sim = acc.simulate(sched, pp, cc, delay)
+    ratio = acc.bubble_ratio(pp, mm, v_closed)
+    idle = acc.idle_fraction(pp, mm, v_closed)
+    util = acc.utilization(pp, mm, v_closed)
+    btime = acc.bubble_time(kind, pp, cc, v_closed)
+
+    def closed(x: float) -> str:  # the (p-1)/(v m) family does not describe zero bubble
+        return "n/a" if kind == "zb-h1" else fmt_pct(x)
+
+    sim_useful = sum(sim.busy_per_stage) / pp
+    sim_idle = sum(sim.idle_per_stage) / pp
+    summary = Table(
+        ["quantity", "closed form", "simulated"],
+        [
+            ["bubble / useful", closed(ratio), fmt_pct(sim_idle / sim_useful)],
+            ["idle fraction", closed(idle), fmt_pct(sim.bubble_fraction)],
+            ["utilization", closed(util), fmt_pct(1 - sim.bubble_fraction)],
+            ["idle time per stage", fmt_num(btime), fmt_num(sim_idle)],
+            ["makespan", "-", fmt_num(sim.makespan)],
+        ],
+        title=f"{kind}: p={pp} stages, m={mm} microbatches, v={vv} chunk(s); "
+        "closed forms assume balanced stages" + (" and BW <= F + BI" if kind == "zb-h1" else ""),
+    )
+    stages = Table(
+        ["stage", "busy", "idle", "idle share", "peak in flight"],
+        [
+            [r, fmt_num(b), fmt_num(i), fmt_pct(i / sim.makespan if sim.makespan else 0), k]
+            for r, (b, i, k) in enumerate(
+                zip(sim.busy_per_stage, sim.idle_per_stage, sim.peak_inflight)
+            )
+        ],
+        title="Simulated per stage (time units; in flight = microbatch chunks started, "
+        "backward not finished)",
+    )
+
+    def key(a: acc.Action) -> str:  # colour by action kind, and by chunk when interleaved
+        return f"{a.kind} chunk {a.chunk}" if vv > 1 else a.kind
+
+    kinds = sorted({key(a) for acts in sched for a in acts}, key=_order)
+    chart = svg_gantt(
+        [[(s, e, key(a), str(a)) for s, e, a in lane] for lane in sim.timeline],
+        [f"stage {r}" for r in range(pp)],
+        kinds,
+        sim.makespan,
+        title=f"{kind} schedule, p={pp}, m={mm}" + (f", v={vv}" if vv > 1 else ""),
+    )
+    used_costs = {**acc.DEFAULT_COSTS, **cc}
+    return Report(
+        title=f"Pipeline bubble: {kind}, p={pp}, m={mm}, v={vv}",
+        tables=[summary, stages],
+        data={
+            "schedule": kind,
+            "p": pp,
+            "m": mm,
+            "v": vv,
+            "costs": used_costs,
+            "comm": delay,
+            "closed_form": {
+                "bubble_ratio": ratio,
+                "idle_fraction": idle,
+                "utilization": util,
+                "bubble_time_per_stage": btime,
+            },
+            "simulated": {
+                "makespan": sim.makespan,
+                "bubble_fraction": sim.bubble_fraction,
+                "busy_per_stage": list(sim.busy_per_stage),
+                "idle_per_stage": list(sim.idle_per_stage),
+                "peak_inflight": list(sim.peak_inflight),
+            },
+            "actions": [[str(a) for a in acts] for acts in sched],
+        },
+        notes=[f"Costs per microbatch (time units): {used_costs}; comm delay {delay}."],
+        chart_svg=chart,
+    )
+
+
+def render_pipeline(**kwargs: Any) -> str:
+    """HTML (Gantt chart + tables) for :func:`pipeline_report`'s arguments."""
+    return html_report(pipeline_report(**kwargs))
+
+
+def pipeline_calculator(
+    kind: str = "1f1b",
+    p: int = 4,
+    m: int = 8,
+    v: int = 1,
+    costs: Mapping[str, float] | None = None,
+    comm: float = 0.0,
+):
+    """Interactive pipeline-schedule calculator (ipywidgets VBox; ``.update()`` re-renders)."""
+    import ipywidgets as w
+
+    c = {**acc.DEFAULT_COSTS, **(costs or {})}
+
+    def ft(value: float, desc: str) -> Any:
+        return w.FloatText(value=float(value), description=desc, layout=w.Layout(width="160px"))
+
+    controls: dict[str, Any] = {
+        "kind": w.Dropdown(options=acc.KINDS, value=kind, description="schedule"),
+        "p": w.IntText(value=int(p), description="p (stages)", layout=w.Layout(width="160px")),
+        "m": w.IntText(
+            value=int(m), description="m (microbatches)", layout=w.Layout(width="190px")
+        ),
+        "v": w.IntText(value=int(v), description="v (chunks)", layout=w.Layout(width="160px")),
+        "F": ft(c["F"], "F cost"),
+        "B": ft(c["B"], "B cost"),
+        "BI": ft(c["BI"], "BI cost"),
+        "BW": ft(c["BW"], "BW cost"),
+        "comm": ft(comm, "p2p delay"),
+    }
+
+    def convert(vals: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "kind": vals["kind"],
+            "p": vals["p"],
+            "m": vals["m"],
+            "v": vals["v"],
+            "costs": {k: vals[k] for k in acc.ACTION_KINDS},
+            "comm": vals["comm"],
+        }
+
+    return build_calculator(
+        "Pipeline schedule and bubble",
+        controls,
+        render_pipeline,
+        convert,
+        rows=[["kind", "p", "m", "v"], ["F", "B", "BI", "BW", "comm"]],
+    )

@@ -1,0 +1,207 @@
+"""Calculators: default output without a kernel, updates, error sentences, update time."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+from shardlab import widgets as W  # noqa: E402
+from shardlab.accounting import activations as act  # noqa: E402
+from shardlab.accounting import comm, memory, mesh, pipeline  # noqa: E402
+from shardlab.widgets._common import fmt_int  # noqa: E402
+
+CALCULATORS = {
+    "memory": W.memory_calculator,
+    "activations": W.activations_calculator,
+    "comm": W.comm_calculator,
+    "pipeline": W.pipeline_calculator,
+    "mesh": W.mesh_calculator,
+}
+
+
+def svgs(html: str) -> list[ET.Element]:
+    """Every inline SVG in ``html``, parsed (so it is well-formed XML)."""
+    return [ET.fromstring(m) for m in re.findall(r"<svg.*?</svg>", html, flags=re.S)]
+
+
+def is_error(html: str) -> bool:
+    return "shardlab-error" in html
+
+
+@pytest.mark.parametrize("name", sorted(CALCULATORS))
+def test_default_output_is_static_html(name):
+    import ipywidgets
+
+    box = CALCULATORS[name]()
+    assert isinstance(box, ipywidgets.VBox)
+    html = box.output.value
+    # rendered at construction: the value is part of the widget state a static page embeds
+    assert box.output.get_state()["value"] == html
+    assert "<table" in html and not is_error(html) and "Traceback" not in html
+    for svg in svgs(html):
+        assert svg.tag.endswith("svg")
+    if name != "mesh":
+        assert svgs(html), f"{name} has no chart"
+
+
+def test_memory_defaults_and_changes():
+    box = W.memory_calculator()
+    html = box.output.value
+    for s in memory.state_table(7_000_000_000, 8):
+        assert fmt_int(s.total) in html
+    for gb in ("112.00", "38.50", "26.25", "14.00"):
+        assert f"{gb} GB" in html  # bar labels
+    box.controls["dp"].value = 16
+    z3 = memory.model_state(7_000_000_000, 16, "zero3")
+    assert fmt_int(z3.total) in box.output.value
+    box.controls["layout"].value = "zero1"
+    html = box.output.value
+    assert fmt_int(memory.model_state(7_000_000_000, 16, "zero1").total) in html
+    assert ">zero3<" not in html and ">zero1<" in html
+    # custom recipe: the bytes fields take effect
+    box.controls["layout"].value = "all"
+    box.controls["recipe"].value = "custom"
+    box.controls["moment1"].value = 2.0
+    box.controls["moment2"].value = 2.0
+    rec = memory.Recipe("custom", 2, 2, 4, 2, 2)
+    assert fmt_int(memory.model_state(7_000_000_000, 16, "ddp", rec).total) in box.output.value
+    box.controls["recipe"].value = "fp32"
+    fp32 = memory.model_state(7_000_000_000, 16, "ddp", "fp32")
+    assert fmt_int(fp32.total) in box.output.value
+
+
+def test_activations_defaults_and_changes():
+    box = W.activations_calculator()
+    html = box.output.value
+    for mode in act.MODES:
+        b = act.activation_bytes_per_layer(2048, 1, 4096, 32, 8, mode)
+        assert fmt_int(b) in html
+    for mib in ("912 MiB", "184 MiB", "114 MiB", "34 MiB"):
+        assert mib in html
+    box.controls["t"].value = 4
+    b = act.activation_bytes_per_layer(2048, 1, 4096, 32, 4, "tp_sp")
+    assert fmt_int(b) in box.output.value
+
+
+def test_comm_defaults_changes_and_presets(tmp_path):
+    box = W.comm_calculator()
+    html = box.output.value
+    assert fmt_int(comm.ring_sent_bytes("all_reduce", 1e9, 8)) in html
+    box.controls["ranks"].value = 4
+    box.controls["op"].value = "all_gather"
+    data = W.comm_report("all_gather", 1e9, 4, 5.0, 100.0).data
+    assert data["selected"]["seconds"] == comm.alpha_beta_time("all_gather", 1e9, 4, 5e-6, 1e11)
+    assert fmt_int(comm.ring_sent_bytes("all_gather", 1e9, 4)) in box.output.value
+    # "this machine": from a function call and from the JSON file a lab writes
+    W.set_machine_preset(alpha=2e-5, beta=3e9)
+    box = W.comm_calculator(preset="this machine")
+    assert box.controls["alpha_us"].value == pytest.approx(20.0)
+    assert box.controls["beta_gbps"].value == pytest.approx(3.0)
+    path = tmp_path / "alpha_beta.json"
+    path.write_text(json.dumps({"alpha": 1e-5, "beta": 5e9}))
+    box = W.comm_calculator(machine_json=path)
+    assert box.controls["preset"].value == "this machine"
+    assert box.controls["alpha_us"].value == pytest.approx(10.0)
+    t = comm.alpha_beta_time("all_reduce", 1e9, 8, 1e-5, 5e9)
+    assert W.comm_report("all_reduce", 1e9, 8, 10.0, 5.0).data["selected"]["seconds"] == t
+    # choosing another preset copies its α and β into the fields
+    other = next(k for k in box.controls["preset"].options if k.startswith("illustrative"))
+    box.controls["preset"].value = other
+    assert (box.controls["alpha_us"].value, box.controls["beta_gbps"].value) == W.comm.PRESETS[
+        other
+    ]
+
+
+def test_pipeline_defaults_and_changes():
+    box = W.pipeline_calculator()
+    html = box.output.value
+    for pct in ("37.5 %", "27.3 %", "72.7 %"):
+        assert pct in html
+    (svg,) = svgs(html)
+    rects = [r for r in svg.iter() if r.tag.endswith("rect")]
+    # one box per action of the generated schedule (plus lane backgrounds and legend)
+    n_actions = sum(len(a) for a in pipeline.schedule("1f1b", 4, 8))
+    assert len(rects) >= n_actions
+    box.controls["kind"].value = "zb-h1"
+    sim = pipeline.simulate(pipeline.schedule("zb-h1", 4, 8), 4)
+    assert f"{100 * sim.bubble_fraction:.1f} %" in box.output.value
+    box.controls["kind"].value = "interleaved"
+    box.controls["v"].value = 2
+    assert f"{100 * pipeline.bubble_ratio(4, 8, 2):.1f} %" in box.output.value
+
+
+def test_mesh_defaults_and_changes():
+    box = W.mesh_calculator()
+    html = box.output.value
+    m = mesh.Mesh(16384, 128, 8, 16, 1)
+    c = m.rank_to_coords(12345)
+    assert ", ".join(map(str, m.group_of(12345, "tp"))) in html
+    assert (
+        f'<td style="padding:2px 10px;border-bottom:1px solid #ddd;text-align:right">{c.dp}' in html
+    )
+    # the 128K-context Llama 3 mesh
+    box.controls["cp"].value = 16
+    box.controls["dp"].value = 8
+    assert not is_error(box.output.value)
+    assert "8·8·16·16 = 16384" in box.output.value
+    # small mesh with MoE folding lists every group
+    for k, val in dict(G=16, dp=2, tp=2, pp=2, cp=2, rank=5, ep=4, etp=2).items():
+        box.controls[k].value = val
+    box.controls["moe"].value = True
+    html = box.output.value
+    fold = mesh.moe_fold(mesh.Mesh(16, 2, 2, 2, 2), 4, 2)
+    for grp in fold.groups("ep"):
+        assert ", ".join(map(str, grp)) in html
+
+
+BAD = {
+    "memory": ("dp", 0, "dp=0"),
+    "activations": ("a", 30, "a=30"),
+    "comm": ("ranks", -2, "group_size=-2"),
+    "pipeline": ("m", 0, "m=0"),
+    "mesh": ("dp", 100, "dp=100"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_input_shows_a_sentence(name):
+    box = CALCULATORS[name]()
+    key, value, needle = BAD[name]
+    box.controls[key].value = value
+    html = box.output.value
+    assert is_error(html) and needle in html
+    assert "Traceback" not in html and "<table" not in html
+    # a text field with garbage is a sentence too
+    if name == "memory":
+        box.controls["dp"].value = 8
+        box.controls["n_params"].value = "seven billion"
+        assert is_error(box.output.value) and "seven billion" in box.output.value
+
+
+def test_render_functions_without_widgets():
+    assert "112.00" in W.render_memory(n_params=7e9, dp=8)
+    assert "912" in W.render_activations()
+    assert "all_reduce" in W.render_comm()
+    assert "36,750,000,000" in W.render_step_volume(layout="zero3")
+    assert "27.3 %" in W.render_pipeline(p=4, m=8)
+    assert "12345" in W.render_mesh(rank=12345)
+    with pytest.raises(ValueError, match="dp=3"):
+        W.render_mesh(G=16, dp=3, tp=1, pp=1)
+
+
+@pytest.mark.parametrize("name", sorted(CALCULATORS))
+def test_one_update_is_well_under_50_ms(name):
+    box = CALCULATORS[name]()
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        box.update()
+        times.append(time.perf_counter() - t0)
+    assert statistics.median(times) < 0.050, f"{name}: {statistics.median(times) * 1e3:.1f} ms"

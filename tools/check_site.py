@@ -1,0 +1,140 @@
+"""Check a built book (``_build/html``) for what a warning-free Sphinx build cannot see.
+
+Run by ``make book-build`` after ``jupyter-book build``::
+
+    .venv/bin/python tools/check_site.py _build/html
+
+Fails (exit 1, one line per problem) when
+
+* any page loads a script, stylesheet, font, image or frame from another host
+  (``src``/``href`` of ``script``, ``link``, ``img``, ``iframe``, ``source``, ``embed``,
+  ``object``) — the book must work with no network, so the widget JavaScript, require.js
+  and MathJax are served from ``_static/`` (tools/fetch_widget_js.sh);
+* a local script or stylesheet that a page loads does not exist in the build;
+* a page with embedded widget state does not load the local ``require.js`` and
+  ``embed-amd.js`` (the widgets would stay blank);
+* a page that uses a folded (``dropdown``) block does not load ``togglebutton.js``, or
+  ``book/how_to_read.html`` lost its example of a folded worked solution.
+
+Only attributes are checked, not text: sphinx-thebe's configuration mentions a CDN URL as a
+string, but it is fetched only when a reader presses a "live code" button, which this book
+does not enable (``launch_buttons.thebe: false``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import urlsplit
+
+URL_ATTRS = {
+    "script": ("src",),
+    "link": ("href",),
+    "img": ("src", "srcset"),
+    "iframe": ("src",),
+    "source": ("src", "srcset"),
+    "embed": ("src",),
+    "object": ("data",),
+}
+WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
+
+
+class _PageParser(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.loads: list[tuple[str, str, str]] = []  # (tag, rel, url)
+        self.has_widget_state = False
+        self.has_dropdown = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: (v or "") for k, v in attrs}
+        if tag == "script" and a.get("type") == WIDGET_STATE_MIME:
+            self.has_widget_state = True
+        if "dropdown" in a.get("class", "").split():
+            self.has_dropdown = True
+        if tag == "link" and a.get("rel", "") in ("canonical", "next", "prev", "index", "search"):
+            return  # navigation, not loaded
+        for attr in URL_ATTRS.get(tag, ()):
+            value = a.get(attr)
+            if not value:
+                continue
+            urls = (
+                [part.strip().split(" ")[0] for part in value.split(",")]
+                if attr == "srcset"
+                else [value]
+            )
+            for url in urls:
+                self.loads.append((tag, a.get("rel", ""), url))
+
+
+def _is_remote(url: str) -> bool:
+    parts = urlsplit(url)
+    return bool(parts.scheme in ("http", "https") or url.startswith("//"))
+
+
+def check_page(page: Path, root: Path) -> tuple[list[str], bool]:
+    parser = _PageParser()
+    parser.feed(page.read_text(encoding="utf-8", errors="replace"))
+    rel = page.relative_to(root).as_posix()
+    problems: list[str] = []
+    local_scripts: set[str] = set()
+    for tag, _rel, url in parser.loads:
+        if _is_remote(url):
+            problems.append(f"{rel}: <{tag}> loads a remote resource: {url}")
+            continue
+        parts = urlsplit(url)
+        if parts.scheme or not parts.path:
+            continue  # data:, javascript:, fragment-only
+        target = (page.parent / parts.path).resolve()
+        if tag == "script":
+            local_scripts.add(target.name)
+        if tag in ("script", "link") and not target.exists():
+            problems.append(f"{rel}: <{tag}> points to a missing file: {url}")
+    if parser.has_widget_state:
+        for name in ("require.js", "embed-amd.js"):
+            if name not in local_scripts:
+                problems.append(f"{rel}: has widget state but does not load the local {name}")
+    if parser.has_dropdown and "togglebutton.js" not in local_scripts:
+        problems.append(f"{rel}: has a dropdown block but does not load togglebutton.js")
+    return problems, parser.has_widget_state
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("html_dir", nargs="?", default="_build/html", type=Path)
+    args = ap.parse_args(argv)
+    root: Path = args.html_dir
+    pages = sorted(p for p in root.rglob("*.html") if "_static" not in p.relative_to(root).parts)
+    if not pages:
+        print(f"check_site: no HTML pages under {root}", file=sys.stderr)
+        return 1
+    problems: list[str] = []
+    widget_pages = 0
+    for page in pages:
+        page_problems, has_widgets = check_page(page, root)
+        problems += page_problems
+        widget_pages += has_widgets
+    how_to_read = root / "book" / "how_to_read.html"
+    if how_to_read.exists():
+        parser = _PageParser()
+        parser.feed(how_to_read.read_text(encoding="utf-8"))
+        if not parser.has_dropdown:
+            problems.append("book/how_to_read.html: the folded worked-solution example is gone")
+    else:
+        problems.append("book/how_to_read.html was not built")
+    for problem in problems:
+        print(f"check_site: {problem}", file=sys.stderr)
+    if problems:
+        print(f"check_site: {len(problems)} problem(s) in {root}", file=sys.stderr)
+        return 1
+    print(
+        f"check_site: {len(pages)} pages, {widget_pages} with widgets; "
+        "every script, stylesheet and font is served locally"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
