@@ -99,3 +99,19 @@ def test_other_validation():
         moe_fold(m, ep=4, num_experts=6)
     rows = m.as_rows()
     assert [r["axis"] for r in rows] == list(AXES) and rows[0]["first_group"] == [0, 1]
+
+
+def test_moe_group_of_matches_group_lists_and_is_fast_for_llama_scale():
+    from shardlab.accounting.mesh import Mesh, moe_fold
+
+    fold = moe_fold(Mesh(G=32, dp=2, tp=2, pp=2, cp=4), ep=4, etp=2)
+    for axis in ("etp", "ep", "edp", ("ep", "etp")):
+        groups = fold.groups(axis)
+        for rank in range(32):
+            mine = fold.group_of(rank, axis)
+            assert rank in mine and mine in groups
+    # O(group) lookup on the 16,384-GPU mesh: the 64 ranks of rank 12345's expert group.
+    big = moe_fold(Mesh(G=16384, dp=128, tp=8, pp=16, cp=1), ep=64)
+    group = big.group_of(12345, "ep")
+    assert len(group) == 64 and 12345 in group
+    assert all(big.expert_coords(r)["ep"] == i for i, r in enumerate(group))

@@ -178,15 +178,39 @@ class MoeFold:
         return {"etp": self.etp, "ep": self.ep, "edp": self.edp}
 
     def _stage_ranks(self, pp_i: int) -> list[int]:
+        # The ranks of stage pp_i in increasing order: dp outermost, then cp, then tp.
         m = self.mesh
-        return sorted(r for r in range(m.G) if m.rank_to_coords(r).pp == pp_i)
+        return [
+            ((d * m.pp + pp_i) * m.cp + c) * m.tp + t
+            for d in range(m.dp)
+            for c in range(m.cp)
+            for t in range(m.tp)
+        ]
+
+    def _stage_index(self, rank: int) -> tuple[int, int]:
+        """(pp coordinate, position of ``rank`` among its stage's ranks), in O(1)."""
+        c = self.mesh.rank_to_coords(rank)
+        return c.pp, (c.dp * self.mesh.cp + c.cp) * self.mesh.tp + c.tp
 
     def expert_coords(self, rank: int) -> dict[str, int]:
         """``{"pp", "edp", "ep", "etp"}`` coordinates of ``rank`` in the expert layout."""
-        pp_i = self.mesh.rank_to_coords(rank).pp
-        j = self._stage_ranks(pp_i).index(rank)
+        pp_i, j = self._stage_index(rank)
         edp_i, rest = divmod(j, self.etp * self.ep)
         return {"pp": pp_i, "edp": edp_i, "ep": rest // self.etp, "etp": rest % self.etp}
+
+    def group_of(self, rank: int, axis: str | tuple[str, ...]) -> list[int]:
+        """The ranks in ``rank``'s expert group along ``axis`` (without listing every group)."""
+        names = _axes_arg(axis, EXPERT_AXES)
+        pp_i, _ = self._stage_index(rank)
+        c = self.expert_coords(rank)
+        stride = {"etp": 1, "ep": self.etp, "edp": self.etp * self.ep}
+        fixed = sum(c[a] * stride[a] for a in EXPERT_AXES if a not in names)
+        stage = self._stage_ranks(pp_i)
+        out = []
+        for idx in _product([self.sizes[a] for a in names]):
+            j = fixed + sum(i * stride[a] for a, i in zip(names, idx))
+            out.append(stage[j])
+        return sorted(out)
 
     def groups(self, axis: str | tuple[str, ...]) -> list[list[int]]:
         """Rank lists of every expert group along ``axis`` in ``("etp", "ep", "edp")``."""
