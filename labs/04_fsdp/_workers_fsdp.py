@@ -1,0 +1,444 @@
+"""Functions every rank runs for the FSDP tests, notebook and benchmark (importable by name).
+
+References (computed on rank 0 only, in the same process):
+
+* ``reference_full``: one process, the whole global batch per step (the training we imitate);
+* ``reference_split``: one process that computes the D per-rank gradients separately (same
+  shapes, same casts), adds them and divides by D. It does the arithmetic FSDP does, so on
+  2 ranks (where ``a + b == b + a`` exactly) FSDP must equal it bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from fsdp import FSDP, FSDPConfig
+from shardlab.accounting import comm, memory
+from shardlab.dist import CommTrace
+from torch import nn
+
+GLOBAL_BATCH, SEQ, VOCAB = 4, 8, 37
+STEPS = 3
+LR = {"adamw": 1e-2, "sgd": 0.1}
+RECIPE = "fp32"  # fp32 weights (= master), fp32 grads, fp32 Adam moments: 16 B/param
+# max |param - reference_full| after STEPS steps; why these values: see test_fsdp.py
+TOL = {"sgd": 1e-6, "adamw": 1e-6}
+# attention's key bias gets an exactly-zero gradient (softmax ignores a constant shift), so its
+# computed gradient is rounding noise that Adam rescales to updates of size ~lr
+ZERO_GRAD_PARAM = "attn.qkv.bias"
+
+
+def make_model(kind: str = "plain", seed: int = 0, **cfg) -> nn.Module:
+    """Tiny GPT: "plain", "tied" (embedding = head) or "frozen" (some params fixed)."""
+    from shardlab.models import GPT, GPTConfig
+
+    args = dict(vocab_size=VOCAB, seq_len=SEQ, n_layer=2, n_head=2, d_model=10)
+    args.update(cfg)
+    model = GPT(GPTConfig(**args, tied_embeddings=(kind == "tied")), seed=seed)
+    if kind == "frozen":  # a frozen flat in the root unit and in the first block's unit
+        model.blocks[0].ln1.requires_grad_(False)
+        model.pos_emb.requires_grad_(False)
+    return model
+
+
+def make_batches(steps: int = STEPS, batch: int = GLOBAL_BATCH, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randint(0, VOCAB, (batch, SEQ), generator=g),
+         torch.randint(0, VOCAB, (batch, SEQ), generator=g))
+        for _ in range(steps)
+    ]  # fmt: skip
+
+
+def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    logits, _ = model(x)  # (b, s, V)
+    return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+
+def make_opt(name: str, params) -> torch.optim.Optimizer:
+    params = [p for p in params if p.requires_grad]
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=LR[name], weight_decay=0.1)
+    return torch.optim.SGD(params, lr=LR[name], momentum=0.9)
+
+
+def named(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
+
+
+def reference_full(kind: str, opt: str, steps: int = STEPS) -> dict[str, torch.Tensor]:
+    model = make_model(kind)
+    o = make_opt(opt, model.parameters())
+    for x, y in make_batches(steps):
+        loss_fn(model, x, y).backward()
+        o.step()
+        o.zero_grad()
+    return named(model)
+
+
+def reference_split(kind, opt, world, steps=STEPS, dtype=torch.float32, microbatches=1):
+    """Per-rank gradients computed one after another in ``dtype``, summed in fp32, / D."""
+    model = make_model(kind)
+    o = make_opt(opt, model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]
+    for x, y in make_batches(steps):
+        total = None
+        for xr, yr in zip(x.chunk(world), y.chunk(world)):
+            low = copy.deepcopy(model).to(dtype)  # the same casts as the gathered buffer
+            for xm, ym in zip(xr.chunk(microbatches), yr.chunk(microbatches)):
+                loss_fn(low, xm, ym).backward()
+            g = [p.grad.float() for p in low.parameters() if p.requires_grad]
+            total = g if total is None else [a + b for a, b in zip(total, g)]
+        for p, g in zip(params, total):
+            p.grad = g / world
+        o.step()
+        o.zero_grad()
+    return named(model)
+
+
+def local(t: torch.Tensor, group=None) -> torch.Tensor:
+    """This rank's slice of the global batch."""
+    return t.chunk(dist.get_world_size(group))[dist.get_rank(group)]
+
+
+def train_fsdp(kind, opt, cfg=None, steps=STEPS, microbatches=1, sync_each=True, **model_cfg):
+    model = FSDP(make_model(kind, **model_cfg), dist.group.WORLD, cfg or FSDPConfig())
+    o = make_opt(opt, model.parameters())
+    for x, y in make_batches(steps):
+        accumulate(model, local(x), local(y), microbatches, sync_each)
+        o.step()
+        o.zero_grad()
+    return model, o
+
+
+def accumulate(model: FSDP, x, y, microbatches=1, sync_each=True) -> None:
+    """Forward/backward over ``microbatches`` pieces, reduce-scatter per piece or once."""
+    pieces = list(zip(x.chunk(microbatches), y.chunk(microbatches)))
+    for k, (xm, ym) in enumerate(pieces):
+        last = k == len(pieces) - 1
+        ctx = model.no_sync() if not (sync_each or last) else _null()
+        with ctx:
+            (loss_fn(model, xm, ym) / len(pieces)).backward()
+    model.finish_gradient_synchronization()
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def compare(got: dict, want: dict) -> dict:
+    """Bitwise flag, worst absolute difference and where it is."""
+    assert set(got) == set(want), sorted(set(got) ^ set(want))
+    diff = {n: (got[n] - want[n]).abs().max().item() for n in want}
+    worst = max(diff, key=diff.get)
+    rest = [d for n, d in diff.items() if not n.endswith(ZERO_GRAD_PARAM)]
+    return {
+        "bitwise": all(torch.equal(got[n], want[n]) for n in want),
+        "max_abs": diff[worst],
+        "worst": worst,
+        "max_abs_nonzero_grad": max(rest),
+    }
+
+
+def state_bytes(model: FSDP, opt: torch.optim.Optimizer) -> dict:
+    """Bytes this rank really holds: shards, their grads, Adam moments (step counters aside)."""
+    shards = list(model.parameters())
+    moments = [
+        t for p in shards for k, t in opt.state.get(p, {}).items() if k in ("exp_avg", "exp_avg_sq")
+    ]
+    nb = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    return {
+        "weights": nb(shards),
+        "grads": nb([p.grad for p in shards if p.grad is not None]),
+        "moments": nb(moments),
+        "gathered_left": sum(
+            f.buffer.untyped_storage().nbytes() for u in model.units for f in u.flats
+        ),
+    }
+
+
+def traced_step(model: FSDP, opt, x, y, microbatches=1, sync_each=True) -> CommTrace:
+    with CommTrace() as tr:
+        for ph, fn in (
+            ("fwd+bwd", lambda: accumulate(model, x, y, microbatches, sync_each)),
+            ("optimizer", opt.step),
+        ):
+            with tr.phase(ph):
+                fn()
+    opt.zero_grad()
+    return tr
+
+
+def comm_rows(world: int, q: int = 4) -> list[dict]:
+    """Measured vs predicted sent bytes per step, reshard on/off (plain model, AdamW)."""
+    rows = []
+    x, y = make_batches(1, seed=7)[0]
+    for reshard in (True, False):
+        model, opt = train_fsdp("plain", "adamw", FSDPConfig(reshard_after_forward=reshard), 1)
+        tr = traced_step(model, opt, local(x), local(y))
+        n_pad = model.padded_numel
+        pred = comm.step_volume("zero3", n_pad, world, q, reshard_after_forward=reshard)
+        rows.append(_row(f"reshard_after_forward={reshard}", tr, n_pad, pred))
+    return rows
+
+
+def accum_rows(world: int, microbatches: int = 4, q: int = 4) -> list[dict]:
+    rows = []
+    x, y = make_batches(1, batch=GLOBAL_BATCH * microbatches, seed=8)[0]
+    for sync in (True, False):
+        model, opt = train_fsdp("plain", "adamw", None, 0)
+        tr = traced_step(model, opt, local(x), local(y), microbatches, sync)
+        n_pad = model.padded_numel
+        pred = comm.grad_accum_volume("zero3", n_pad, world, q, microbatches, sync)
+        rows.append(_row(f"m={microbatches} sync_every_microbatch={sync}", tr, n_pad, pred))
+    return rows
+
+
+def _row(label, tr, n_pad, pred) -> dict:
+    sent = tr.sent_bytes()
+    return {
+        "run": label,
+        "N_padded": n_pad,
+        "all_gathers": tr.count(op="all_gather"),
+        "reduce_scatters": tr.count(op="reduce_scatter"),
+        "measured_bytes": sent,
+        "predicted_bytes": pred,
+        "ratio": sent / pred,
+    }
+
+
+def state_row(world: int) -> dict:
+    """Bytes held between backward and the optimizer step (grads and moments both alive)."""
+    model, opt = train_fsdp("plain", "adamw", None, 1)
+    x, y = make_batches(1, seed=9)[0]
+    accumulate(model, local(x), local(y))
+    n = sum(p.numel() for p in make_model("plain").parameters())
+    got = state_bytes(model, opt)
+    pred = memory.model_state(model.padded_numel, world, "zero3", RECIPE)
+    measured = got["weights"] + got["grads"] + got["moments"]
+    return {
+        "N": n,
+        "N_padded": model.padded_numel,
+        "padding": model.padded_numel - n,
+        "units": len(model.units),
+        **{f"measured_{k}": v for k, v in got.items()},
+        "measured_bytes": measured,
+        "predicted_bytes": pred.total,
+        "ratio": measured / pred.total,
+    }
+
+
+def check_all(world_checks: str = "full") -> dict | None:
+    """Every correctness and byte check of one launch; rank 0 returns the report."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rep: dict = {"world": world, "runs": {}}
+    kinds = ("plain", "tied", "frozen") if world_checks == "full" else ("plain", "tied")
+    for kind in kinds:
+        for opt in ("adamw", "sgd"):
+            model, o = train_fsdp(kind, opt)
+            sd = model.full_state_dict()
+            grads = [(tuple(p.shape), p.dtype) for p in model.parameters()]
+            if rank == 0:
+                rep["runs"][(kind, opt)] = {
+                    "split": compare(sd, reference_split(kind, opt, world)),
+                    "full": compare(sd, reference_full(kind, opt)),
+                    "units": [u.name for u in model.units],
+                    "root_params": [s.aliases[0][2] for f in model.units[0].flats for s in f.slots],
+                    "n_flats": sum(len(u.flats) for u in model.units),
+                }
+    if world_checks == "full":
+        model, o = train_fsdp("plain", "adamw")
+        model(make_batches(1)[0][0][:1])[0].sum().backward()  # grads left on shards after sync
+        model.finish_gradient_synchronization()
+        grads = [
+            (tuple(p.grad.shape), p.grad.dtype, tuple(p.shape), p.dtype) for p in model.parameters()
+        ]
+        base = model.full_state_dict()
+        same = {}
+        for rs in (True, False):
+            for pf in (True, False):
+                cfg = FSDPConfig(reshard_after_forward=rs, prefetch=pf)
+                sd = train_fsdp("plain", "adamw", cfg)[0].full_state_dict()
+                same[(rs, pf)] = all(torch.equal(sd[k], base[k]) for k in base)
+        mixed = {}
+        for dt in (torch.bfloat16,):
+            sd = train_fsdp("plain", "adamw", FSDPConfig(compute_dtype=dt))[0].full_state_dict()
+            if rank == 0:
+                mixed[str(dt)] = {
+                    "split": compare(sd, reference_split("plain", "adamw", world, dtype=dt)),
+                    "full_fp32": compare(sd, reference_full("plain", "adamw")),
+                }
+        rep.update(grads=grads, same_results=same, mixed=mixed)
+    rep["comm"] = comm_rows(world)
+    rep["state"] = state_row(world)
+    return rep if rank == 0 else None
+
+
+def timed_steps(model, opt, x, y, steps: int) -> list[float]:
+    out = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loss_fn(model, x, y).backward()
+        if isinstance(model, FSDP):
+            model.finish_gradient_synchronization()
+        opt.step()
+        opt.zero_grad()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def memory_rows(world: int) -> list[dict]:
+    """Peak live bytes of one step (MemoryTrace) for reshard/prefetch on/off vs predict_peak."""
+    from shardlab.accounting import peak
+    from shardlab.dist import MemoryTrace, phase
+
+    rows, timelines = [], {}
+    x, y = make_batches(1, seed=10)[0]
+    for rs in (True, False):
+        for pf in (True, False):
+            cfg = FSDPConfig(reshard_after_forward=rs, prefetch=pf)
+            model, opt = train_fsdp("plain", "adamw", cfg, 1)  # Adam moments exist
+            with MemoryTrace() as mt:
+                mt.watch(model, opt)
+                mt.tag([f.buffer for u in model.units for f in u.flats], "parameters")
+                with phase("forward"):
+                    loss = loss_fn(model, local(x), local(y))
+                with phase("backward"):
+                    loss.backward()
+                    model.finish_gradient_synchronization()
+                with phase("optimizer"):
+                    opt.step()
+                opt.zero_grad()
+            tl = mt.timeline()
+            blocks = [f.padded * 4 for u in model.units[1:] for f in u.flats]
+            pred = peak.predict_peak(
+                persistent_bytes=memory.model_state(
+                    model.padded_numel, world, "zero3", RECIPE
+                ).total,
+                unit_bytes=blocks,
+                activation_bytes=tl.peak_breakdown["activations"],  # measured, see notebook
+                buffer_bytes=sum(f.padded * 4 for f in model.units[0].flats),  # root: whole step
+                prefetch=pf,
+                reshard_after_forward=rs,
+                grad_unit_bytes=blocks,
+            )
+            label = f"reshard={rs} prefetch={pf}"
+            timelines[label] = tl
+            rows.append(
+                {
+                    "run": label,
+                    "measured_peak": tl.peak,
+                    "predicted_peak": pred.total,
+                    "ratio": tl.peak / pred.total,
+                    "measured_at_peak": {k: v for k, v in tl.peak_breakdown.items() if v},
+                    "predicted_terms": pred.terms,
+                    "predicted_phase": pred.phase_of_peak,
+                }
+            )
+    return rows, timelines
+
+
+def train_fsdp2(kind: str, opt: str, steps: int = STEPS, **cfg):
+    """The same training with PyTorch FSDP2: one fully_shard per block plus the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = make_model(kind, **cfg)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    o = make_opt(opt, model.parameters())
+    for x, y in make_batches(steps):
+        loss_fn(model, local(x), local(y)).backward()
+        o.step()
+        o.zero_grad()
+    return model, o
+
+
+def compare_pytorch() -> dict | None:
+    """Ours vs FSDP2 after STEPS steps (AdamW and SGD, plain and tied)."""
+    out = {}
+    for kind in ("plain", "tied"):
+        for opt in ("adamw", "sgd"):
+            ours = train_fsdp(kind, opt)[0].full_state_dict()
+            theirs = train_fsdp2(kind, opt)[0]
+            sd = {
+                n: p.full_tensor().detach().clone()
+                for n, p in theirs.named_parameters(remove_duplicate=False)
+            }
+            out[(kind, opt)] = compare(ours, sd)
+    return out if dist.get_rank() == 0 else None
+
+
+def extra_checks() -> dict | None:
+    """Hidden-test launch: FSDP2, accumulation, fp16, one-unit policy, peaks."""
+    from fsdp import no_units_policy
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rep = {"pytorch": compare_pytorch(), "accum": accum_rows(world)}
+    # accumulation with no_sync gives the same update as syncing every microbatch
+    a = train_fsdp("plain", "sgd", None, 2, microbatches=2, sync_each=True)[0].full_state_dict()
+    b = train_fsdp("plain", "sgd", None, 2, microbatches=2, sync_each=False)[0].full_state_dict()
+    rep["accum_same"] = compare(a, b)
+    sd = train_fsdp("plain", "adamw", FSDPConfig(compute_dtype=torch.float16))[0].full_state_dict()
+    one = train_fsdp("plain", "adamw", FSDPConfig(unit_policy=no_units_policy))[0]
+    sd1 = one.full_state_dict()
+    rows, _ = memory_rows(world)
+    rep["memory"] = rows
+    if rank == 0:
+        rep["fp16"] = compare(sd, reference_split("plain", "adamw", world, dtype=torch.float16))
+        rep["one_unit"] = {
+            "units": len(one.units),
+            **compare(sd1, reference_split("plain", "adamw", world)),
+        }
+        return rep
+    return None
+
+
+def benchmark(steps: int = 10, batch: int = 8, **cfg) -> dict | None:
+    """Step time (median) and peak live bytes: ours vs FSDP2 on the same model and data."""
+    from shardlab.dist import MemoryTrace
+
+    x, y = make_batches(1, batch=batch, seed=11)[0]
+    x, y = local(x), local(y)
+    res = {"model": cfg}
+    for name in ("ours", "fsdp2"):
+        if name == "ours":
+            model, opt = train_fsdp("plain", "adamw", None, 0, **cfg)
+        else:
+            model, opt = train_fsdp2("plain", "adamw", 0, **cfg)
+        timed_steps(model, opt, x, y, 2)  # warm-up (Adam state allocated)
+        with MemoryTrace() as mt:
+            mt.watch(model, opt)
+            timed_steps(model, opt, x, y, 1)
+        times = sorted(timed_steps(model, opt, x, y, steps))
+        res[name] = {"step_s": times[len(times) // 2], "peak_bytes": mt.peak}
+    res["ratio_time"] = res["ours"]["step_s"] / res["fsdp2"]["step_s"]
+    res["ratio_peak"] = res["ours"]["peak_bytes"] / res["fsdp2"]["peak_bytes"]
+    return res if dist.get_rank() == 0 else None
+
+
+def lab_report() -> dict | None:
+    """Everything the notebook shows, from one 2-rank launch (rank 0 returns it)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sd = train_fsdp("plain", "adamw")[0].full_state_dict()
+    rep: dict = {}
+    if rank == 0:
+        rep["correct"] = {
+            "split reference": compare(sd, reference_split("plain", "adamw", world)),
+            "full-batch reference": compare(sd, reference_full("plain", "adamw")),
+        }
+    rep["comm"] = comm_rows(world)
+    rep["accum"] = accum_rows(world)
+    rep["state"] = state_row(world)
+    rep["memory"], rep["timelines"] = memory_rows(world)
+    return rep if rank == 0 else None
