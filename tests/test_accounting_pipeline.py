@@ -120,3 +120,12 @@ def test_validation():
         simulate([[Action("F", 0), Action("F", 0), Action("B", 0)]], 1)
     with pytest.raises(ValueError, match=r"costs\['F'\]=-1"):
         simulate(schedule("1f1b", 2, 2), 2, {"F": -1})
+
+
+def test_zb_h1_closed_form_refuses_costs_outside_its_assumption():
+    import pytest
+    from shardlab.accounting import pipeline
+
+    assert pipeline.bubble_time("zb-h1", 4, {"F": 1, "BI": 1, "BW": 2}) == 0
+    with pytest.raises(ValueError, match=r"BW=3 > F \+ BI = 1 \+ 1"):
+        pipeline.bubble_time("zb-h1", 4, {"F": 1, "BI": 1, "BW": 3})

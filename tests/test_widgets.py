@@ -205,3 +205,10 @@ def test_one_update_is_well_under_50_ms(name):
         box.update()
         times.append(time.perf_counter() - t0)
     assert statistics.median(times) < 0.050, f"{name}: {statistics.median(times) * 1e3:.1f} ms"
+
+
+def test_pipeline_widget_shows_na_when_zb_closed_form_does_not_apply():
+    from shardlab.widgets import render_pipeline
+
+    html = render_pipeline(kind="zb-h1", p=4, m=8, costs={"F": 1, "BI": 1, "BW": 3})
+    assert "n/a" in html and "shardlab-error" not in html

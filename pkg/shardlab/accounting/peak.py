@@ -25,10 +25,32 @@ sum of these **terms** (exactly what each counts):
 ``buffers``          caller-stated extra bytes alive all step (communication buckets,
                      workspace, allocator headroom), constant.
 
-Not modelled: temporaries inside a unit's compute, the logits/loss, allocator
-fragmentation. ``total`` is the largest moment; ``phase_of_peak``/``unit_of_peak`` say
-when (earliest on ties). With no units (DDP, ZeRO-1/2) there is one moment: persistent +
-all activations + buffers.
+Two optional **workspace terms** (present in ``terms`` only when the caller passes them,
+so callers that do not see exactly the five terms above):
+
+``backward_workspace``   transient gradients of activations alive at the *start of
+                     backward*, while every saved activation still is. Added to the first
+                     backward moment only (the last unit's backward; with no units, the
+                     single moment, whose phase then is ``"backward"``). For a language model
+                     trained with cross-entropy the largest such tensors are the gradient of
+                     the log-probabilities and the gradient of the logits, both ``(b, s, V)``
+                     and alive together: ``2 * b * s * V * q`` (:func:`logits_workspace`).
+``optimizer_workspace``  temporaries of ``optimizer.step()``, in an extra moment
+                     ``("optimizer", None)`` = persistent + buffers + this term (activations
+                     are freed and units resharded by then). For PyTorch's Adam/AdamW
+                     (:func:`adam_workspace`): the *foreach* implementation (CUDA default)
+                     allocates one temporary for every stepped parameter at once
+                     (``sqrt(v)``, then divided and shifted in place): ``q * n_stepped``; the
+                     *single-tensor* one (CPU default) allocates ``sqrt(v)`` and
+                     ``sqrt(v) / bias_correction`` for one parameter at a time:
+                     ``2 * q * largest_stepped_tensor``.
+
+Not modelled: temporaries inside a unit's compute later in backward (activation gradients
+smaller than the start-of-backward ones while activations are being freed), the loss
+scalar, allocator fragmentation. ``total`` is the largest moment;
+``phase_of_peak``/``unit_of_peak`` say when (earliest on ties). With no units (DDP,
+ZeRO-1/2) and no workspace terms there is one moment: persistent + all activations +
+buffers.
 """
 
 from __future__ import annotations
@@ -40,6 +62,7 @@ from . import _validate as v
 from .memory import Recipe, get_recipe, model_state
 
 TERMS = ("persistent", "gathered_params", "unsharded_grads", "activations", "buffers")
+WORKSPACE_TERMS = ("backward_workspace", "optimizer_workspace")  # optional, see docstring
 PHASES = ("forward", "backward")
 
 
@@ -104,6 +127,32 @@ def fsdp_gathered_units_alive(
     return max(len(_alive(ph, i, n, p, reshard)) for i in range(n))
 
 
+def logits_workspace(batch: int, seq_len: int, vocab_size: int, bytes_per_elem: float = 4) -> float:
+    """``backward_workspace`` of a cross-entropy language model: the gradients of the
+    log-probabilities and of the logits, two ``(batch, seq_len, vocab_size)`` tensors alive
+    together at the start of backward: ``2 * b * s * V * q`` bytes."""
+    b = v.positive_int("batch", batch)
+    s = v.positive_int("seq_len", seq_len)
+    vocab = v.positive_int("vocab_size", vocab_size)
+    q = v.nonneg_number("bytes_per_elem", bytes_per_elem)
+    return 2.0 * b * s * vocab * q
+
+
+def adam_workspace(numels: Sequence[int], bytes_per_elem: float = 4, foreach: bool = False) -> float:
+    """``optimizer_workspace`` of ``torch.optim.Adam``/``AdamW`` stepping tensors of
+    ``numels`` elements (the ones *this rank* steps). ``foreach=True``: one temporary per
+    tensor, all alive at once, ``q * sum(numels)``; ``foreach=False`` (single-tensor loop,
+    PyTorch's default on CPU): two temporaries of one tensor, ``2 * q * max(numels)``."""
+    if isinstance(numels, str) or not isinstance(numels, Sequence):
+        raise ValueError(f"numels={numels!r} must be a list of element counts")
+    ns = [v.nonneg_number(f"numels[{i}]", x) for i, x in enumerate(numels)]
+    q = v.nonneg_number("bytes_per_elem", bytes_per_elem)
+    foreach = v.flag("foreach", foreach)
+    if not ns:
+        return 0.0
+    return float(q * sum(ns)) if foreach else 2.0 * q * max(ns)
+
+
 def _per_unit(name: str, value, n: int) -> list[float]:
     if isinstance(value, Sequence) and not isinstance(value, str):
         if len(value) != n:
@@ -121,6 +170,8 @@ def predict_peak(
     prefetch: bool | int = 0,
     reshard_after_forward: bool = True,
     grad_unit_bytes: float | Sequence[float] | None = None,
+    backward_workspace_bytes: float | None = None,
+    optimizer_workspace_bytes: float | None = None,
 ) -> PeakBreakdown:
     """Predicted per-rank peak of one step (see module docstring for every term).
 
@@ -129,6 +180,9 @@ def predict_peak(
     value per unit. ``prefetch``: units gathered ahead of the current one (``True`` = 1).
     ``grad_unit_bytes``: unsharded gradient of each unit during its backward (a scalar is a
     total split evenly, like ``activation_bytes``); ``None`` means 0.
+    ``backward_workspace_bytes`` / ``optimizer_workspace_bytes``: the optional workspace
+    terms (``None``: not modelled, and absent from ``terms``); see :func:`logits_workspace`
+    and :func:`adam_workspace`.
     """
     persistent = v.nonneg_number("persistent_bytes", persistent_bytes)
     buffers = v.nonneg_number("buffer_bytes", buffer_bytes)
@@ -138,31 +192,55 @@ def predict_peak(
         raise ValueError(f"unit_bytes={unit_bytes!r} must be a list of bytes per unit")
     units = [v.nonneg_number(f"unit_bytes[{i}]", x) for i, x in enumerate(unit_bytes)]
     n = len(units)
+    bw = None if backward_workspace_bytes is None else v.nonneg_number(
+        "backward_workspace_bytes", backward_workspace_bytes
+    )
+    ow = None if optimizer_workspace_bytes is None else v.nonneg_number(
+        "optimizer_workspace_bytes", optimizer_workspace_bytes
+    )
+    extra = {}  # optional terms, only when given
+    if bw is not None:
+        extra["backward_workspace"] = 0.0
+    if ow is not None:
+        extra["optimizer_workspace"] = 0.0
     base = {"persistent": persistent, "buffers": buffers}
+    timeline = []
     if n == 0:
         if isinstance(activation_bytes, Sequence) and not isinstance(activation_bytes, str):
             raise ValueError("activation_bytes must be one number when unit_bytes is empty")
         act = v.nonneg_number("activation_bytes", activation_bytes)
         terms = {**base, "gathered_params": 0.0, "unsharded_grads": 0.0, "activations": act}
         terms = {k: terms[k] for k in TERMS}
-        point = PeakPoint("forward", None, terms, ())
-        return PeakBreakdown(terms, point.total, "forward", None, (point,))
-    acts = _per_unit("activation_bytes", activation_bytes, n)
-    grads = (
-        [0.0] * n if grad_unit_bytes is None else _per_unit("grad_unit_bytes", grad_unit_bytes, n)
-    )
-    timeline = []
-    for phase, order in (("forward", range(n)), ("backward", range(n - 1, -1, -1))):
-        for i in order:
-            alive = _alive(phase, i, n, p, reshard)
-            terms = {
-                "persistent": persistent,
-                "gathered_params": float(sum(units[j] for j in alive)),
-                "unsharded_grads": grads[i] if phase == "backward" else 0.0,
-                "activations": float(sum(acts[: i + 1])),
-                "buffers": buffers,
-            }
-            timeline.append(PeakPoint(phase, i, terms, alive))
+        terms.update(extra)
+        if bw is not None:
+            terms["backward_workspace"] = bw
+        timeline.append(PeakPoint("forward" if bw is None else "backward", None, terms, ()))
+    else:
+        acts = _per_unit("activation_bytes", activation_bytes, n)
+        grads = (
+            [0.0] * n
+            if grad_unit_bytes is None
+            else _per_unit("grad_unit_bytes", grad_unit_bytes, n)
+        )
+        for phase, order in (("forward", range(n)), ("backward", range(n - 1, -1, -1))):
+            for i in order:
+                alive = _alive(phase, i, n, p, reshard)
+                terms = {
+                    "persistent": persistent,
+                    "gathered_params": float(sum(units[j] for j in alive)),
+                    "unsharded_grads": grads[i] if phase == "backward" else 0.0,
+                    "activations": float(sum(acts[: i + 1])),
+                    "buffers": buffers,
+                    **extra,
+                }
+                if bw is not None and phase == "backward" and i == n - 1:
+                    terms["backward_workspace"] = bw
+                timeline.append(PeakPoint(phase, i, terms, alive))
+    if ow is not None:
+        terms = {k: 0.0 for k in TERMS}
+        terms.update(extra)
+        terms.update(persistent=persistent, buffers=buffers, optimizer_workspace=ow)
+        timeline.append(PeakPoint("optimizer", None, terms, ()))
     best = max(timeline, key=lambda pt: pt.total)  # max() keeps the earliest on ties
     return PeakBreakdown(dict(best.terms), best.total, best.phase, best.unit, tuple(timeline))
 
@@ -177,6 +255,8 @@ def predict_layout_peak(
     n_units: int = 1,
     prefetch: bool | int = 0,
     reshard_after_forward: bool = True,
+    backward_workspace_bytes: float | None = None,
+    optimizer_workspace_bytes: float | None = None,
 ) -> PeakBreakdown:
     """Peak for a DDP/ZeRO layout with ``n_units`` equal FSDP units (ZeRO-3 only).
 
@@ -184,16 +264,22 @@ def predict_layout_peak(
     ``N * weights / n_units`` bytes and, in its backward, holds an unsharded gradient of
     ``N * grads / n_units`` bytes. Other layouts gather nothing; their full gradients are
     already in ``persistent`` (ZeRO-2's transient buckets belong in ``buffer_bytes``).
+    The two workspace terms are passed through to :func:`predict_peak`.
     """
     state = model_state(n_params, dp, layout, recipe)
     rec = get_recipe(recipe)
     k = v.positive_int("n_units", n_units)
+    ws = {
+        "backward_workspace_bytes": backward_workspace_bytes,
+        "optimizer_workspace_bytes": optimizer_workspace_bytes,
+    }
     if layout != "zero3":
-        return predict_peak(state.total, [], activation_bytes, buffer_bytes)
+        return predict_peak(state.total, [], activation_bytes, buffer_bytes, **ws)
     if k > state.n_params:
         raise ValueError(f"n_units={k} exceeds n_params={state.n_params}")
     unit = [state.n_params * rec.weights / k] * k
     grad = [state.n_params * rec.grads / k] * k
     return predict_peak(
-        state.total, unit, activation_bytes, buffer_bytes, prefetch, reshard_after_forward, grad
+        state.total, unit, activation_bytes, buffer_bytes, prefetch, reshard_after_forward, grad,
+        **ws,
     )

@@ -78,6 +78,14 @@ def bubble_time(kind: str, p: int, costs: dict[str, float] | None = None, v: int
     vv = chk.positive_int("v", v)
     c = _costs(costs)
     if kind == "zb-h1":
+        # Qi et al.'s bound assumes every deferred BW fits into a bubble of length F + BI.
+        # The fixed-lag order of schedule("zb-h1") reaches it when F == BI == BW; for other
+        # costs simulate() reports what that order achieves, which can be more.
+        if c["BW"] > c["F"] + c["BI"]:
+            raise ValueError(
+                f"the ZB-H1 closed form needs BW <= F + BI, got BW={c['BW']:g} > "
+                f"F + BI = {c['F']:g} + {c['BI']:g}; use simulate() for these costs"
+            )
         return (p - 1) * (c["F"] + c["BI"] - c["BW"])
     return (p - 1) * (c["F"] + c["B"]) / (vv if kind == "interleaved" else 1)
 

@@ -59,7 +59,10 @@ def pipeline_report(
     ratio = acc.bubble_ratio(pp, mm, v_closed)
     idle = acc.idle_fraction(pp, mm, v_closed)
     util = acc.utilization(pp, mm, v_closed)
-    btime = acc.bubble_time(kind, pp, cc, v_closed)
+    try:
+        btime = acc.bubble_time(kind, pp, cc, v_closed)
+    except ValueError:  # zb-h1 closed form undefined for BW > F + BI: show the simulator only
+        btime = None
 
     def closed(x: float) -> str:  # the (p-1)/(v m) family does not describe zero bubble
         return "n/a" if kind == "zb-h1" else fmt_pct(x)
@@ -72,7 +75,7 @@ def pipeline_report(
             ["bubble / useful", closed(ratio), fmt_pct(sim_idle / sim_useful)],
             ["idle fraction", closed(idle), fmt_pct(sim.bubble_fraction)],
             ["utilization", closed(util), fmt_pct(1 - sim.bubble_fraction)],
-            ["idle time per stage", fmt_num(btime), fmt_num(sim_idle)],
+            ["idle time per stage", "n/a" if btime is None else fmt_num(btime), fmt_num(sim_idle)],
             ["makespan", "-", fmt_num(sim.makespan)],
         ],
         title=f"{kind}: p={pp} stages, m={mm} microbatches, v={vv} chunk(s); "
