@@ -35,13 +35,14 @@ NBVAL := $(BIN)/pytest --nbval --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 \
 	-p no:cacheprovider
 
-.PHONY: help venv widget-js book-build book test lint pytest nbval execute lab clean distclean
+.PHONY: help venv widget-js book-build book test test-slow lint pytest nbval execute lab clean distclean
 
 help:
 	@echo "make book        build the book (creates .venv if missing) and serve it on http://localhost:$(PORT)"
 	@echo "make book-build  build the book into $(HTML) only (warnings are errors)"
 	@echo "make test        ruff, pytest, nbval over every notebook, book build"
 	@echo "make lint | pytest | nbval   one part of make test"
+	@echo "make test-slow   minutes-long checks: real-lab grading, 10x launcher fault repeats (CI runs it)"
 	@echo "make execute     re-execute every notebook in place (NB=\"a.ipynb b.ipynb\" for some)"
 	@echo "make lab         open the labs in JupyterLab"
 	@echo "make clean       remove build outputs (keeps .venv); make distclean also removes .venv"
@@ -87,7 +88,13 @@ lint: venv
 # Unit, lab and hidden tests (pytest.ini: testpaths = tests labs). Notebooks are not
 # collected here (no --nbval), so nothing runs twice. Exit code 5 (no tests) is an error.
 pytest: venv
-	$(BIN)/pytest -n $(WORKERS) tests labs
+	$(BIN)/pytest -n $(WORKERS) -m "not slow" tests labs
+
+# Minutes-long checks CI also runs (.ci/run): every real lab graded three ways (reference,
+# released stub, planted bug) and each launcher fault repeated 10 times.
+test-slow: venv
+	$(BIN)/pytest -n $(WORKERS) -m slow tests
+	SHARDLAB_FAULT_REPEATS=10 $(BIN)/pytest -n $(WORKERS) tests/test_dist_faults.py
 
 # Strict nbval over the notebook files only: passing the .ipynb paths (not folders) keeps
 # pytest from collecting the .py tests a second time. loadscope keeps each notebook's cells

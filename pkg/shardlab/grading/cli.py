@@ -1,0 +1,154 @@
+"""Command line of the instructor tools.
+
+``shardlab release [--labs DIR] --out DIR [--zip] [--force]``
+``shardlab grade SUBMISSIONS [--labs DIR] --out DIR [--lab NAME ...] [--workers N]
+[--timeout S] [--max-procs N] [--max-rss-gb G] [--as-gb G] [--file-mb M] [--cuda|--no-cuda]``
+
+:func:`add_parsers` adds both sub-commands to another program's sub-parsers (``shardlab``'s
+own CLI calls it); :func:`main` runs them standalone (``python -m shardlab.grading``).
+Errors in the input (unbalanced markers, bad rubric, missing folders) are printed as one
+sentence with exit status 2, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _default_labs() -> Path:
+    here = Path.cwd()
+    for folder in (here, *here.parents):
+        if (folder / "labs").is_dir():
+            return folder / "labs"
+    return here / "labs"
+
+
+def _release(args: argparse.Namespace) -> int:
+    from .release import ReleaseError, release
+
+    try:
+        manifest = release(Path(args.labs), Path(args.out), zip_labs=args.zip, force=args.force)
+    except ReleaseError as exc:
+        print(f"release failed: {exc}", file=sys.stderr)
+        return 2
+    labs = sorted({rel.split("/")[0] for rel in manifest if "/" in rel})
+    print(
+        f"released {len(labs)} lab(s), {len(manifest)} file(s) into {args.out}: {', '.join(labs)}"
+    )
+    return 0
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from .grade import SubmissionError, grade
+    from .report import fmt
+    from .rubric import RubricError
+    from .sandbox import Limits
+
+    limits = Limits(
+        timeout=args.timeout,
+        max_procs=args.max_procs,
+        max_rss_gb=args.max_rss_gb,
+        address_space_gb=args.as_gb if args.as_gb > 0 else None,
+        file_size_mb=args.file_mb,
+    )
+
+    def progress(res) -> None:
+        status = f"{fmt(res.points)}/{fmt(res.max_points)}"
+        note = f"  ({res.note})" if res.note else ""
+        print(f"{res.student:>20} {res.lab:<18} {status:>9}  {res.wall:5.1f}s{note}", flush=True)
+
+    try:
+        results = grade(
+            Path(args.labs),
+            Path(args.submissions),
+            Path(args.out),
+            labs=args.lab or None,
+            workers=args.workers,
+            limits=limits,
+            cuda=args.cuda,
+            progress=progress,
+        )
+    except (RubricError, SubmissionError, ValueError) as exc:
+        print(f"grade failed: {exc}", file=sys.stderr)
+        return 2
+    total = sum(r.points for r in results)
+    print(
+        f"graded {len(results)} lab submission(s), {fmt(total)} points in all; reports in {args.out}"
+    )
+    return 0
+
+
+def add_parsers(subparsers) -> None:
+    """Add the ``release`` and ``grade`` sub-commands to an ``argparse`` sub-parser set."""
+    rel = subparsers.add_parser("release", help="write the student copy of every lab")
+    rel.add_argument("--labs", default=str(_default_labs()), help="labs folder (default: ./labs)")
+    rel.add_argument("--out", required=True, help="output folder (must be empty unless --force)")
+    rel.add_argument(
+        "--zip", action="store_true", help="also write one deterministic <lab>.zip per lab"
+    )
+    rel.add_argument("--force", action="store_true", help="clear a non-empty output folder first")
+    rel.set_defaults(func=_release)
+
+    gr = subparsers.add_parser(
+        "grade", help="grade a folder of submissions (one folder or zip per student)"
+    )
+    gr.add_argument("submissions", help="folder with one sub-folder or .zip per student")
+    gr.add_argument(
+        "--labs", default=str(_default_labs()), help="instructor labs folder (default: ./labs)"
+    )
+    gr.add_argument(
+        "--out",
+        required=True,
+        help="folder for grades.csv, summary.csv, junit.xml, <student>/results.json",
+    )
+    gr.add_argument("--lab", action="append", help="grade only this lab (repeatable)")
+    gr.add_argument(
+        "--workers", type=int, default=None, help="parallel submissions (default: cpu_count // 2)"
+    )
+    gr.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="wall-clock seconds per student and lab (default 300)",
+    )
+    gr.add_argument(
+        "--max-procs", type=int, default=32, help="processes at once per sandbox (default 32)"
+    )
+    gr.add_argument(
+        "--max-rss-gb",
+        type=float,
+        default=6.0,
+        help="resident memory of a sandbox tree (default 6)",
+    )
+    gr.add_argument(
+        "--as-gb",
+        type=float,
+        default=16.0,
+        help="RLIMIT_AS per process in GB, 0 = none (default 16; never set with CUDA)",
+    )
+    gr.add_argument(
+        "--file-mb",
+        type=float,
+        default=64.0,
+        help="RLIMIT_FSIZE in MB: largest file/output (default 64)",
+    )
+    cuda = gr.add_mutually_exclusive_group()
+    cuda.add_argument(
+        "--cuda", dest="cuda", action="store_true", default=None, help="grade GPU tests"
+    )
+    cuda.add_argument(
+        "--no-cuda", dest="cuda", action="store_false", help='report GPU tests as "needs GPU"'
+    )
+    gr.set_defaults(func=_grade)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m shardlab.grading", description="shardlab instructor tools"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parsers(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,212 @@
+"""Student release: copy every lab folder without solutions, hidden tests or rubric.
+
+A lab module carries its reference solution between markers::
+
+    # BEGIN SOLUTION hint: one line telling the student what to do
+    ...reference code...
+    # END SOLUTION
+
+:func:`strip_solutions` replaces each block by ``raise NotImplementedError("<hint>")`` at
+the indentation of the BEGIN marker. :func:`release` applies it to every ``.py`` file of
+every ``labs/NN_*`` folder, drops ``hidden/`` and ``rubric.toml``, clears the outputs of
+notebook cells tagged ``student-output`` and writes everything in sorted order with
+content-only copies, so two releases of the same tree are byte-identical.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import re
+import shutil
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+BEGIN_RE = re.compile(r"^(?P<indent>[ \t]*)#\s*BEGIN SOLUTION\b(?P<rest>.*)$")
+END_RE = re.compile(r"^[ \t]*#\s*END SOLUTION\b")
+HINT_RE = re.compile(r"^\s*hint\s*:\s*(?P<hint>.*?)\s*$")
+DEFAULT_HINT = "implement this part of the lab"
+STUDENT_OUTPUT_TAG = "student-output"
+
+# Never shipped to students (instructor material and build debris).
+EXCLUDED_DIRS = frozenset(
+    {"hidden", "__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+)
+EXCLUDED_FILES = frozenset({"rubric.toml", ".DS_Store"})
+EXCLUDED_SUFFIXES = (".pyc", ".pyo")
+LAB_DIR_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+$")
+# Fixed timestamp for zip members (the zip format cannot store anything earlier).
+ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+
+
+class ReleaseError(ValueError):
+    """A lab cannot be released (unbalanced markers, stub that is not valid Python, ...)."""
+
+
+@dataclass(frozen=True)
+class SolutionBlock:
+    """One solution block: 1-based line numbers of its markers and its hint."""
+
+    begin: int
+    end: int
+    hint: str
+
+
+def find_blocks(source: str, filename: str = "<string>") -> list[SolutionBlock]:
+    """Return the solution blocks of ``source``; raise ReleaseError naming file:line if unbalanced."""
+    blocks: list[SolutionBlock] = []
+    open_line: int | None = None
+    hint = ""
+    for lineno, line in enumerate(source.splitlines(), start=1):
+        begin = BEGIN_RE.match(line)
+        if begin:
+            if open_line is not None:
+                raise ReleaseError(
+                    f"{filename}:{lineno}: '# BEGIN SOLUTION' inside the solution block opened at "
+                    f"line {open_line}; close that block with '# END SOLUTION' first."
+                )
+            open_line = lineno
+            m = HINT_RE.match(begin.group("rest"))
+            hint = (m.group("hint") if m else "").strip() or DEFAULT_HINT
+        elif END_RE.match(line):
+            if open_line is None:
+                raise ReleaseError(
+                    f"{filename}:{lineno}: '# END SOLUTION' without a matching '# BEGIN SOLUTION'."
+                )
+            blocks.append(SolutionBlock(open_line, lineno, hint))
+            open_line = None
+    if open_line is not None:
+        raise ReleaseError(
+            f"{filename}:{open_line}: '# BEGIN SOLUTION' is never closed by '# END SOLUTION'."
+        )
+    return blocks
+
+
+def strip_solutions(source: str, filename: str = "<string>", check_python: bool = True) -> str:
+    """Replace every solution block of ``source`` by a ``NotImplementedError`` stub."""
+    blocks = find_blocks(source, filename)
+    if not blocks:
+        return source
+    lines = source.splitlines(keepends=True)
+    newline = "\r\n" if lines and lines[0].endswith("\r\n") else "\n"
+    out: list[str] = []
+    starts = {b.begin: b for b in blocks}
+    i = 1
+    while i <= len(lines):
+        block = starts.get(i)
+        if block is None:
+            out.append(lines[i - 1])
+            i += 1
+            continue
+        indent = BEGIN_RE.match(lines[i - 1].rstrip("\r\n")).group("indent")
+        out.append(f"{indent}raise NotImplementedError({json.dumps(block.hint)}){newline}")
+        i = block.end + 1
+    result = "".join(out)
+    if check_python:
+        try:
+            ast.parse(result, filename=filename)
+        except SyntaxError as exc:
+            raise ReleaseError(
+                f"{filename}:{exc.lineno}: the released stub is not valid Python ({exc.msg}); "
+                "check that each solution block starts at the indentation of the code it replaces."
+            ) from None
+    return result
+
+
+def solution_lines(source: str, filename: str = "<string>") -> list[str]:
+    """Every line strictly between markers (what must never appear in a release)."""
+    lines = source.splitlines()
+    return [line for b in find_blocks(source, filename) for line in lines[b.begin : b.end - 1]]
+
+
+def strip_notebook(text: str, filename: str = "<notebook>") -> str:
+    """Clear outputs of ``student-output`` cells and strip solution blocks from code cells."""
+    nb = json.loads(text)
+    for index, cell in enumerate(nb.get("cells", [])):
+        source = cell.get("source", "")
+        joined = "".join(source) if isinstance(source, list) else source
+        if "BEGIN SOLUTION" in joined or "END SOLUTION" in joined:
+            stripped = strip_solutions(joined, f"{filename} cell {index}", check_python=False)
+            cell["source"] = stripped.splitlines(keepends=True)
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell.get("cell_type") == "code" and STUDENT_OUTPUT_TAG in tags:
+            cell["outputs"] = []
+            cell["execution_count"] = None
+    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _excluded(rel: Path) -> bool:
+    if any(part in EXCLUDED_DIRS for part in rel.parts[:-1]):
+        return True
+    return rel.name in EXCLUDED_FILES or rel.name.endswith(EXCLUDED_SUFFIXES)
+
+
+def lab_dirs(labs_dir: Path) -> list[Path]:
+    """The ``NN_topic`` lab folders of ``labs_dir``, sorted."""
+    return sorted(p for p in Path(labs_dir).iterdir() if p.is_dir() and LAB_DIR_RE.match(p.name))
+
+
+def released_files(labs_dir: Path) -> dict[str, bytes]:
+    """Map of release-relative path -> released bytes (the whole release, in memory, sorted)."""
+    labs_dir = Path(labs_dir)
+    files: dict[str, bytes] = {}
+    sources: list[tuple[str, Path]] = []
+    for top in sorted(labs_dir.iterdir()):
+        if top.is_file() and not _excluded(Path(top.name)) and top.suffix in (".py", ".md", ".txt"):
+            sources.append((top.name, top))
+    for lab in lab_dirs(labs_dir):
+        for path in sorted(lab.rglob("*")):
+            if not path.is_file() or path.is_symlink():
+                continue
+            rel = path.relative_to(labs_dir)
+            if _excluded(rel.relative_to(lab.name)):
+                continue
+            sources.append((rel.as_posix(), path))
+    for rel, path in sorted(sources):
+        data = path.read_bytes()
+        if path.suffix == ".py":
+            data = strip_solutions(data.decode("utf-8"), rel).encode("utf-8")
+        elif path.suffix == ".ipynb":
+            data = strip_notebook(data.decode("utf-8"), rel).encode("utf-8")
+        files[rel] = data
+    return files
+
+
+def release(labs_dir: Path, out_dir: Path, *, zip_labs: bool = False, force: bool = False) -> dict:
+    """Write the student copy of every lab of ``labs_dir`` into ``out_dir``.
+
+    Returns a manifest ``{relative path: sha256}``. With ``zip_labs`` each lab is also written
+    as ``<lab>.zip`` with fixed timestamps and sorted members. ``out_dir`` must be empty or
+    absent unless ``force`` (then it is cleared first).
+    """
+    labs_dir, out_dir = Path(labs_dir), Path(out_dir)
+    if not labs_dir.is_dir():
+        raise ReleaseError(f"labs folder {labs_dir} does not exist.")
+    files = released_files(labs_dir)  # validate everything before writing anything
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not force:
+            raise ReleaseError(
+                f"output folder {out_dir} is not empty; pass --force to replace its contents."
+            )
+        if out_dir.resolve() in (labs_dir.resolve(), *labs_dir.resolve().parents):
+            raise ReleaseError(f"refusing to clear {out_dir}: it contains the labs folder.")
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = {}
+    for rel, data in files.items():
+        target = out_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        manifest[rel] = hashlib.sha256(data).hexdigest()
+    if zip_labs:
+        for lab in lab_dirs(labs_dir):
+            members = [(rel, data) for rel, data in files.items() if rel.startswith(lab.name + "/")]
+            with zipfile.ZipFile(out_dir / f"{lab.name}.zip", "w", zipfile.ZIP_DEFLATED) as zf:
+                for rel, data in members:
+                    info = zipfile.ZipInfo(rel, date_time=ZIP_DATE)
+                    info.external_attr = 0o644 << 16
+                    info.compress_type = zipfile.ZIP_DEFLATED
+                    zf.writestr(info, data)
+    return manifest
