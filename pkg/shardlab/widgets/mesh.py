@@ -124,21 +124,19 @@ def mesh_report(
         )
         tables.append(ftable)
         fdata: dict[str, Any] = {"ep": fold.ep, "etp": fold.etp, "edp": fold.edp}
-        if g <= EXPERT_DETAIL_MAX:
-            if r is not None:
-                ec = fold.expert_coords(r)
-                fdata["expert_coords"] = ec
-                egroups = {}
-                for a in acc.EXPERT_AXES:
-                    egroups[a] = next(grp for grp in fold.groups(a) if r in grp)
-                fdata["rank_expert_groups"] = egroups
-                tables.append(
-                    Table(
-                        ["expert axis", "coordinate", f"rank {r}'s expert group"],
-                        [[a, ec[a], ranks_str(egroups[a])] for a in acc.EXPERT_AXES],
-                        title=f"Rank {r} in the expert layout (pipeline stage {ec['pp']})",
-                    )
+        if r is not None:  # O(group size) lookups, fine at any G
+            ec = fold.expert_coords(r)
+            fdata["expert_coords"] = ec
+            egroups = {a: fold.group_of(r, a) for a in acc.EXPERT_AXES}
+            fdata["rank_expert_groups"] = egroups
+            tables.append(
+                Table(
+                    ["expert axis", "coordinate", f"rank {r}'s expert group"],
+                    [[a, ec[a], ranks_str(egroups[a])] for a in acc.EXPERT_AXES],
+                    title=f"Rank {r} in the expert layout (pipeline stage {ec['pp']})",
                 )
+            )
+        if g <= EXPERT_DETAIL_MAX:
             if g <= FULL_LISTING_MAX:
                 fdata["groups"] = {a: fold.groups(a) for a in acc.EXPERT_AXES}
                 tables.append(
