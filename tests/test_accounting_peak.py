@@ -4,7 +4,10 @@ import pytest
 from shardlab.accounting.memory import model_state
 from shardlab.accounting.peak import (
     TERMS,
+    WORKSPACE_TERMS,
+    adam_workspace,
     fsdp_gathered_units_alive,
+    logits_workspace,
     predict_layout_peak,
     predict_peak,
 )
@@ -83,3 +86,56 @@ def test_helper_validation():
         predict_layout_peak(10, 2, "zero3", n_units=0)
     with pytest.raises(ValueError, match="dp=0"):
         predict_layout_peak(10, 0, "zero3")
+
+
+def test_workspace_terms_absent_unless_given():
+    old = predict_peak(100, [10, 20], 6, buffer_bytes=1)
+    assert set(old.terms) == set(TERMS) and len(old.timeline) == 4
+    assert predict_peak(1000, [], 200, 30).terms == {
+        "persistent": 1000, "gathered_params": 0, "unsharded_grads": 0, "activations": 200,
+        "buffers": 30,
+    }  # fmt: skip
+
+
+def test_backward_workspace_joins_all_activations():
+    # no units: one moment, start of backward, every activation alive plus the workspace
+    r = predict_peak(1000, [], 200, 30, backward_workspace_bytes=50)
+    assert r.total == 1280 and r.phase_of_peak == "backward"
+    assert r.terms["backward_workspace"] == 50 and set(r.terms) == set(TERMS) | {
+        "backward_workspace"
+    }
+    # units: only the first backward moment (last unit, all activations) carries it
+    u = predict_peak(0, [10, 10, 10], [1, 1, 1], backward_workspace_bytes=100)
+    ws = [(p.phase, p.unit, p.terms["backward_workspace"]) for p in u.timeline]
+    assert [w for w in ws if w[2]] == [("backward", 2, 100)]
+    assert (u.phase_of_peak, u.unit_of_peak, u.total) == ("backward", 2, 10 + 3 + 100)
+
+
+def test_optimizer_workspace_moment():
+    # step moment = persistent + buffers + workspace, no activations, no gathered units
+    r = predict_peak(1000, [], 200, 30, optimizer_workspace_bytes=250)
+    assert [p.phase for p in r.timeline] == ["forward", "optimizer"]
+    assert r.phase_of_peak == "optimizer" and r.total == 1280
+    assert r.terms["activations"] == 0 and r.terms["optimizer_workspace"] == 250
+    r = predict_peak(1000, [], 200, 30, optimizer_workspace_bytes=100)
+    assert r.phase_of_peak == "forward" and r.total == 1230
+    z3 = predict_layout_peak(1000, 2, "zero3", "fp32", n_units=2, optimizer_workspace_bytes=1)
+    assert z3.timeline[-1].terms["gathered_params"] == 0 and len(z3.timeline) == 5
+    both = predict_layout_peak(
+        100, 2, "ddp", "fp32", activation_bytes=10, backward_workspace_bytes=5,
+        optimizer_workspace_bytes=400,
+    )  # fmt: skip
+    assert both.total == 1600 + 400 and set(both.terms) == set(TERMS) | set(WORKSPACE_TERMS)
+
+
+def test_workspace_helpers():
+    assert logits_workspace(2, 16, 256) == 2 * 2 * 16 * 256 * 4
+    assert adam_workspace([10, 30, 20]) == 2 * 4 * 30  # single-tensor: two temps of one
+    assert adam_workspace([10, 30, 20], foreach=True) == 4 * 60  # one temp per tensor
+    assert adam_workspace([], 2) == 0
+    with pytest.raises(ValueError, match="vocab_size=0"):
+        logits_workspace(1, 1, 0)
+    with pytest.raises(ValueError, match="numels"):
+        adam_workspace(5)
+    with pytest.raises(ValueError, match="optimizer_workspace_bytes=-1"):
+        predict_peak(0, [], 0, optimizer_workspace_bytes=-1)

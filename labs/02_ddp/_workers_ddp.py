@@ -1,4 +1,9 @@
-"""Functions run on every rank by the DDP tests, notebook and benchmark (importable by name)."""
+"""Functions run on every rank by the DDP tests, notebook and benchmark (importable by name).
+
+Model and data: the package's tiny GPT (:mod:`shardlab.models`) in four variants, plain,
+``tied`` (token embedding = LM head), ``frozen`` (position embedding fixed) and ``odd``
+(sizes that do not divide by 2, 3 or 4), and ``make_batch`` token batches.
+"""
 
 from __future__ import annotations
 
@@ -7,61 +12,47 @@ import traceback
 import torch
 import torch.distributed as dist
 from ddp import DDP
+from shardlab.models import GPT, GPTConfig, make_batch
 from torch import nn
 
-IN, HID, VOCAB, SEQ = 8, 16, 11, 5
 GLOBAL_BATCH = 24  # divisible by 2, 3, 4 ranks and by 2 microbatches per rank
 STEPS = 3
+CONFIGS = {
+    "small": dict(vocab_size=16, seq_len=8, n_layer=1, n_head=2, d_model=8),
+    "odd": dict(vocab_size=13, seq_len=7, n_layer=1, n_head=2, d_model=6, d_ff=11),
+    # profiling and benchmarking: big enough that the model state is most of the memory
+    "profile": dict(vocab_size=256, seq_len=16, n_layer=2, n_head=2, d_model=32),
+    "bench": dict(vocab_size=256, seq_len=32, n_layer=4, n_head=4, d_model=128),
+}
 
 
-class MLP(nn.Module):
-    def __init__(self, frozen: bool = False, hid: int = HID) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(IN, hid)
-        self.fc2 = nn.Linear(hid, hid)
-        self.fc3 = nn.Linear(hid, IN)
-        if frozen:
-            self.fc1.requires_grad_(False)
-
-    def forward(self, x):  # (b, IN) -> scalar loss against x itself
-        y = self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))))
-        return ((y - x.flip(-1)) ** 2).mean()
+def make_model(kind: str = "plain", seed: int = 0, size: str | None = None) -> nn.Module:
+    """Tiny GPT: "plain", "tied" (tok_emb = lm_head), "frozen" (pos_emb fixed), "odd"."""
+    cfg = GPTConfig(**CONFIGS[size or ("odd" if kind == "odd" else "small")],
+                    tied_embeddings=kind == "tied")  # fmt: skip
+    model = GPT(cfg, seed=seed)
+    if kind == "frozen":
+        model.pos_emb.requires_grad_(False)
+    return model
 
 
-class Tied(nn.Module):
-    """Embedding and output projection share one weight (like GPT's wte / lm_head)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, HID)
-        self.mix = nn.Linear(HID, HID)
-        self.head = nn.Linear(HID, VOCAB, bias=False)
-        self.head.weight = self.emb.weight
-
-    def forward(self, x):  # (b, SEQ) tokens
-        logits = self.head(torch.tanh(self.mix(self.emb(x))))  # (b, SEQ, VOCAB)
-        return nn.functional.cross_entropy(logits.flatten(0, 1), x.roll(1, -1).flatten())
+def batch(model: nn.Module, step: int, n: int = GLOBAL_BATCH):
+    """Global batch ``(idx, targets)`` of step ``step`` (the same on every rank)."""
+    return make_batch(model.config, n, seed=1000 + step)
 
 
-def make_model(kind: str, seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    makers = {
-        "mlp": MLP,
-        "frozen": lambda: MLP(frozen=True),
-        "tied": Tied,
-        "odd": lambda: MLP(hid=7),  # sizes that do not divide by 2, 3 or 4
-    }
-    return makers[kind]()
+def local(xy, group=None):
+    """This rank's contiguous slice of a global ``(idx, targets)`` batch."""
+    r, d = dist.get_rank(group), dist.get_world_size(group)
+    return tuple(t.chunk(d)[r] for t in xy)
 
 
-def make_batch(kind: str, step: int, n: int = GLOBAL_BATCH) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1000 + step)
-    if kind == "tied":
-        return torch.randint(0, VOCAB, (n, SEQ), generator=g)
-    return torch.randn(n, IN, generator=g)
+def loss_of(model, xy) -> torch.Tensor:
+    return model(*xy)[1]
 
 
 def make_opt(name: str, params):
+    params = [p for p in params if p.requires_grad]
     if name == "adamw":
         return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
@@ -74,34 +65,28 @@ def state(model: nn.Module) -> dict[str, torch.Tensor]:
 def reference(kind: str, opt: str, steps: int = STEPS) -> dict[str, torch.Tensor]:
     """Single process, full global batch, same seeds."""
     model = make_model(kind)
-    o = make_opt(opt, [p for p in model.parameters() if p.requires_grad])
+    o = make_opt(opt, model.parameters())
     for s in range(steps):
         o.zero_grad()
-        model(make_batch(kind, s)).backward()
+        loss_of(model, batch(model, s)).backward()
         o.step()
     return state(model)
 
 
-def _local(x: torch.Tensor) -> torch.Tensor:
-    r, d = dist.get_rank(), dist.get_world_size()
-    n = x.shape[0] // d
-    return x[r * n : (r + 1) * n]
-
-
-def train_ddp(kind, opt, bucket_size_mb=None, microbatches=1, steps=STEPS, seed_offset=True):
+def train_ddp(kind, opt, bucket_size_mb=None, microbatches=1, steps=STEPS):
     """Train with the from-scratch DDP. Ranks start from *different* seeds (checks broadcast)."""
-    model = make_model(kind, seed=dist.get_rank() if seed_offset else 0)
+    model = make_model(kind, seed=dist.get_rank())
     ddp = DDP(model, bucket_size_mb=bucket_size_mb)
-    o = make_opt(opt, [p for p in ddp.parameters() if p.requires_grad])
+    o = make_opt(opt, ddp.parameters())
     for s in range(steps):
         o.zero_grad()
-        x = _local(make_batch(kind, s))
-        chunks = x.chunk(microbatches)
-        for i, xc in enumerate(chunks):
-            last = i == len(chunks) - 1
-            ctx = ddp.no_sync() if not last else _null()
-            with ctx:
-                (ddp(xc) / len(chunks)).backward()
+        chunks = list(zip(*(t.chunk(microbatches) for t in local(batch(model, s)))))
+        for i, xy in enumerate(chunks):
+            if i < len(chunks) - 1:
+                with ddp.no_sync():
+                    (loss_of(ddp, xy) / len(chunks)).backward()
+            else:
+                (loss_of(ddp, xy) / len(chunks)).backward()
         ddp.finish_gradient_synchronization()
         o.step()
     return state(model)
@@ -112,36 +97,28 @@ def train_torch_ddp(kind, opt, steps=STEPS):
 
     model = make_model(kind, seed=dist.get_rank())
     ddp = DistributedDataParallel(model)
-    o = make_opt(opt, [p for p in ddp.parameters() if p.requires_grad])
+    o = make_opt(opt, ddp.parameters())
     for s in range(steps):
         o.zero_grad()
-        ddp(_local(make_batch(kind, s))).backward()
+        loss_of(ddp, local(batch(model, s))).backward()
         o.step()
     return state(model)
 
 
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
 CASES = [
     # (name, kind, optimizer, bucket_size_mb, microbatches)
-    ("mlp-adamw-per-param", "mlp", "adamw", None, 1),
-    ("mlp-sgd-bucketed", "mlp", "sgd", 0.0005, 1),
-    ("tied-adamw-bucketed", "tied", "adamw", 0.0005, 1),
+    ("plain-adamw-per-param", "plain", "adamw", None, 1),
+    ("plain-sgd-bucketed", "plain", "sgd", 0.001, 1),
+    ("tied-adamw-bucketed", "tied", "adamw", 0.001, 1),
     ("tied-sgd-per-param", "tied", "sgd", None, 1),
-    ("frozen-adamw-bucketed", "frozen", "adamw", 0.0005, 1),
+    ("frozen-adamw-bucketed", "frozen", "adamw", 0.001, 1),
     ("frozen-sgd-per-param", "frozen", "sgd", None, 1),
-    ("mlp-adamw-no-sync", "mlp", "adamw", 0.0005, 2),
+    ("plain-adamw-no-sync", "plain", "adamw", 0.001, 2),
     ("tied-sgd-no-sync", "tied", "sgd", None, 2),
 ]
 
 
-def correctness(cases=None, torch_cases=(("mlp", "adamw"),)) -> dict:
+def correctness(cases=None, torch_cases=(("plain", "adamw"),)) -> dict:
     """Run every case; return {name: state or error}. Rank 0 adds single-process references."""
     torch.set_num_threads(1)
     out: dict = {"runs": {}, "torch": {}, "ref": {}}
@@ -159,7 +136,7 @@ def correctness(cases=None, torch_cases=(("mlp", "adamw"),)) -> dict:
 
 
 def tensor_bytes(ts) -> int:
-    """Bytes of distinct tensors (by storage pointer, so a tied weight counts once)."""
+    """Bytes of distinct tensors (by data pointer, so a tied weight counts once)."""
     seen: dict[int, int] = {}
     for t in ts:
         if t is not None:
@@ -173,7 +150,7 @@ def model_state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str,
     Optimizer state tensors of a parameter's shape are the moments; AdamW's scalar ``step``
     counters (4 bytes per tensor) are reported separately as ``bookkeeping``.
     """
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]
     moments = [t for st in opt.state.values() for t in st.values() if torch.is_tensor(t)]
     big = [t for t in moments if t.dim() > 0]
     return {
@@ -189,119 +166,163 @@ def model_state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str,
     }
 
 
-def measure(kind: str = "mlp", bucket_size_mb: float | None = 0.0005, microbatches: int = 4):
+def measure(kind: str = "plain", bucket_size_mb: float | None = 0.001, microbatches: int = 4):
     """Model-state bytes and bytes sent per step / per accumulated update (AdamW, fp32)."""
     from shardlab.dist import CommTrace
 
     torch.set_num_threads(1)
     model = make_model(kind)
     ddp = DDP(model, bucket_size_mb=bucket_size_mb)
-    opt = make_opt("adamw", [p for p in ddp.parameters() if p.requires_grad])
+    opt = make_opt("adamw", ddp.parameters())
     out: dict = {"n_params": sum(p.numel() for p in ddp.params)}
-    x = _local(make_batch(kind, 0))
+    xy = local(batch(model, 0))
     with CommTrace() as tr:
         opt.zero_grad()
-        ddp(x).backward()
+        loss_of(ddp, xy).backward()
         ddp.finish_gradient_synchronization()
         opt.step()
     out["step_sent"] = tr.sent_bytes()
     out["step_ops"] = sorted({r.op for r in tr.records})
     out["state"] = model_state_bytes(model, opt)  # after step, before zero_grad: all alive
+    chunks = list(zip(*(t.chunk(microbatches) for t in xy)))
+    out["microbatches"] = len(chunks)
     for sync in (True, False):
         with CommTrace() as tr:
             opt.zero_grad()
-            chunks = x.chunk(microbatches)
-            for i, xc in enumerate(chunks):
+            for i, c in enumerate(chunks):
                 last = i == len(chunks) - 1
-                with ddp.no_sync() if not (sync or last) else _null():
-                    (ddp(xc) / len(chunks)).backward()
                 if sync or last:
+                    (loss_of(ddp, c) / len(chunks)).backward()
                     ddp.finish_gradient_synchronization()
+                else:
+                    with ddp.no_sync():
+                        (loss_of(ddp, c) / len(chunks)).backward()
             opt.step()
         out[f"accum_sent_sync={sync}"] = tr.sent_bytes()
     return out
 
 
-def suite(cases=None, measure_kw=None) -> dict:
-    """Everything the tests need from one launch: correctness cases, then measurements."""
+def suite(cases=None, measure_kw=None, profile=True) -> dict:
+    """Everything the tests need from one launch: correctness, measurements, peak profiles."""
     out = {"correctness": correctness(cases)}
-    kw = {} if measure_kw is None else measure_kw
-    out["measure"] = measure(**kw)
-    local = GLOBAL_BATCH // dist.get_world_size()
-    out["measure"]["microbatches"] = len(torch.empty(local).chunk(kw.get("microbatches", 4)))
+    out["measure"] = measure(**(measure_kw or {}))
+    if profile:
+        out["profile"] = profile_step("mine")
     return out
 
 
-def _step(model, opt, x, finish=None):
+# ---------------------------------------------------------------- peak memory, benchmark
+
+PROFILE_BATCH = 4  # global sequences per step for the memory profile
+PROFILE_BUCKET_MB = 0.02
+
+
+def _build(impl: str, size: str, bucket_size_mb: float):
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = make_model("plain", size=size)
+    if impl == "mine":
+        w = DDP(model, bucket_size_mb=bucket_size_mb)
+        return model, w, w.finish_gradient_synchronization
+    return model, DistributedDataParallel(model, bucket_cap_mb=bucket_size_mb), None
+
+
+def _step(model, opt, xy, finish=None):
     opt.zero_grad()
-    model(x).backward()
+    loss_of(model, xy).backward()
     if finish is not None:
         finish()
     opt.step()
 
 
-def profile_step(impl: str, hid: int = 64, bucket_size_mb: float | None = 0.01) -> dict:
-    """One AdamW step (after a warm-up step) under MemoryTrace: timeline and model-state bytes."""
+def profile_step(
+    impl: str = "mine", size: str = "profile", bucket_size_mb: float = PROFILE_BUCKET_MB,
+    n: int = PROFILE_BATCH,
+) -> dict:  # fmt: skip
+    """One AdamW step (after a warm-up step) under MemoryTrace, plus what the prediction needs.
+
+    Returns the timeline, ``n_params``, the measured model state, and the sizes
+    :func:`predicted_peak` uses: ``n_state`` (= ``n_params``), ``stepped`` (numel of each
+    tensor AdamW steps) and ``logits`` (bytes of one ``(b, s, V)`` fp32 tensor of this
+    rank's batch).
+    """
     from shardlab.dist import MemoryTrace, phase
-    from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = MLP(hid=hid)
-    if impl == "mine":
-        wrapped = DDP(model, bucket_size_mb=bucket_size_mb)
-        finish = wrapped.finish_gradient_synchronization
-    else:
-        wrapped, finish = DistributedDataParallel(model), None
+    model, wrapped, finish = _build(impl, size, bucket_size_mb)
     opt = make_opt("adamw", model.parameters())
-    x = _local(make_batch("mlp", 0, n=256))
-    _step(wrapped, opt, x, finish)  # creates the AdamW state
+    xy = local(batch(model, 0, n))
+    _step(wrapped, opt, xy, finish)  # creates the AdamW state
     opt.zero_grad(set_to_none=True)
     with MemoryTrace() as mt:
         mt.watch(model, opt)
+        if impl == "mine":  # the buckets are the gradients; allocated before the trace
+            mt.tag([b.buffer for b in wrapped._buckets], "gradients")
         with phase("forward"):
-            loss = wrapped(x)
+            loss = loss_of(wrapped, xy)
         with phase("backward"):
             loss.backward()
             if finish is not None:
                 finish()
         with phase("optimizer"):
             opt.step()
+    c = model.config
+    n = sum(p.numel() for p in model.parameters())
     return {
         "timeline": mt.timeline(),
-        "n_params": sum(p.numel() for p in model.parameters()),
+        "n_params": n,
+        "n_state": n,
         "state": model_state_bytes(model, opt),
+        "stepped": [p.numel() for p in model.parameters()],
+        "logits": xy[0].shape[0] * c.seq_len * c.vocab_size * 4,
     }
 
 
-def benchmark(hid: int = 256, steps: int = 30, bucket_size_mb: float = 25.0) -> dict:
-    """Median step time and traced peak bytes: from-scratch DDP vs PyTorch DDP, same model."""
+def benchmark(steps: int = 20, warmup: int = 3, bucket_size_mb: float = 25.0) -> dict:
+    """Median step time (same model, data, bucket size; alternating runs) and traced peak."""
     import statistics
     import time
 
-    from torch.nn.parallel import DistributedDataParallel
-
     torch.set_num_threads(1)
-    out = {}
-    for impl in ("mine", "torch"):
-        torch.manual_seed(0)
-        model = MLP(hid=hid)
-        if impl == "mine":
-            w = DDP(model, bucket_size_mb=bucket_size_mb)
-            finish = w.finish_gradient_synchronization
-        else:
-            w, finish = DistributedDataParallel(model, bucket_cap_mb=bucket_size_mb), None
-        opt = make_opt("adamw", model.parameters())
-        x = _local(make_batch("mlp", 0, n=256))
-        times = []
-        for _ in range(steps + 2):
+    runs = {impl: _build(impl, "bench", bucket_size_mb) for impl in ("mine", "torch")}
+    opts = {impl: make_opt("adamw", runs[impl][0].parameters()) for impl in runs}
+    xy = local(batch(runs["mine"][0], 0, 8))
+    times: dict = {impl: [] for impl in runs}
+    for i in range(warmup + steps):
+        for impl, (_, w, finish) in runs.items():  # interleaved: both see the same noise
             dist.barrier()
             t0 = time.perf_counter()
-            _step(w, opt, x, finish)
-            times.append(time.perf_counter() - t0)
-        out[impl] = {"step_s": statistics.median(times[2:])}
+            _step(w, opts[impl], xy, finish)
+            if i >= warmup:
+                times[impl].append(time.perf_counter() - t0)
+    out = {impl: {"step_s": statistics.median(ts)} for impl, ts in times.items()}
+    out["n_params"] = sum(p.numel() for p in runs["mine"][0].parameters())
+    same = all(
+        torch.equal(a, b)
+        for a, b in zip(runs["mine"][0].parameters(), runs["torch"][0].parameters())
+    )
+    out["same_weights"] = same
+    del runs, opts
     for impl in ("mine", "torch"):
-        out[impl]["peak"] = profile_step(impl, hid=hid, bucket_size_mb=bucket_size_mb)[
-            "timeline"
-        ].peak
+        out[impl]["peak"] = profile_step(impl, "bench", bucket_size_mb, 8)["timeline"].peak
     return out
+
+
+def predicted_peak(prof: dict, layout: str, dp: int):
+    """Predicted peak for a :func:`profile_step` result (fp32 AdamW, CPU), every term from a
+    formula except the saved activations, which are the trace's largest ``activations``:
+
+    * persistent: ``model_state(n_state, dp, layout, "fp32")``;
+    * start of backward: + activations + ``logits_workspace`` (gradients of the
+      log-probabilities and of the logits, ``2 b s V q``);
+    * ``optimizer.step()``: + ``adam_workspace`` of the tensors this rank steps
+      (single-tensor AdamW on CPU: two temporaries the size of the largest one).
+    """
+    from shardlab.accounting.peak import adam_workspace, predict_layout_peak
+
+    return predict_layout_peak(
+        prof["n_state"], dp, layout, "fp32",
+        activation_bytes=max(prof["timeline"].bytes["activations"]),
+        backward_workspace_bytes=2 * prof["logits"],  # = logits_workspace(b, s, V, 4)
+        optimizer_workspace_bytes=adam_workspace(prof["stepped"]),
+    )  # fmt: skip

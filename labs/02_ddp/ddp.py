@@ -10,8 +10,9 @@ What runs, and when
       it is divided by ``D`` and an **asynchronous** ``all_reduce(SUM)`` is started, either
       per parameter or per flat *bucket* of parameters (``bucket_size_mb``), so communication
       overlaps with the rest of backward;
-    * ``finish_gradient_synchronization()``: wait for the handles, copy bucket results back
-      into ``param.grad``.
+    * ``finish_gradient_synchronization()``: wait for the handles. With buckets,
+      ``param.grad`` is a view into its bucket (*gradient as bucket view*), so the averaged
+      result is already in place: no copy back, and no second copy of the gradients.
 
 Bytes per rank per step (ring all-reduce of every gradient once):
 ``2 q N (D-1) / D`` = :func:`shardlab.accounting.comm.step_volume` ``("ddp", N, D, q)``.
@@ -19,7 +20,11 @@ With ``m`` microbatches inside :meth:`DDP.no_sync` all but the last, the volume 
 stays ``2 q N (D-1)/D`` instead of ``m`` times that
 (:func:`shardlab.accounting.comm.grad_accum_volume`). Persistent model state per rank is
 :func:`shardlab.accounting.memory.model_state` ``(N, D, "ddp", recipe)``: nothing divided
-by ``D``. Bucket buffers live only from the first gradient of a bucket until the copy-back.
+by ``D``. The bucket buffers *are* the gradients (``param.grad`` views them), allocated once.
+
+Peak memory per rank (fp32 AdamW, see :func:`shardlab.accounting.peak.predict_peak`): the
+model state ``16 N`` plus, during backward, the saved activations and backward's transient
+tensors, or, during ``optimizer.step()``, foreach AdamW's one temporary of ``4 N`` bytes.
 
 Averaging: the objective is the mean loss over the *global* batch. With equal local batch
 sizes, the global mean's gradient is the average of the local means' gradients, hence
@@ -29,7 +34,8 @@ equally, not every token; to get the token mean, scale each local loss by
 all-reduced token count).
 
 Production: ``torch.nn.parallel.DistributedDataParallel`` (a C++ reducer with 25 MB buckets,
-``gradient_as_bucket_view`` to avoid the copy, unused-parameter detection, comm hooks).
+``gradient_as_bucket_view=True`` does what the buckets here do; the default ``False`` keeps
+the buckets *and* separate ``.grad`` tensors; unused-parameter detection, comm hooks).
 """
 
 from __future__ import annotations
@@ -87,7 +93,13 @@ def make_buckets(params: list[nn.Parameter], bucket_bytes: float) -> list[list[n
 
 
 class _Bucket:
-    """A flat buffer for a group of parameters, filled as their gradients become final."""
+    """A flat gradient buffer for a group of parameters, allocated once at construction.
+
+    *Gradient as bucket view*: after a parameter's first gradient of a step has been copied
+    in, ``param.grad`` **is** a view into ``buffer``, so the bucket is the only copy of the
+    gradients (later microbatches accumulate into it in place) and the all-reduce result
+    needs no copy back. The buffer is the ``grads`` entry of the model state, not an extra.
+    """
 
     def __init__(self, params: list[nn.Parameter]) -> None:
         self.params = params
@@ -98,10 +110,14 @@ class _Bucket:
             off += p.numel()
         self.numel = off
         self.index = {id(p): i for i, p in enumerate(params)}
+        p0 = params[0]
+        self.buffer = torch.zeros(self.numel, dtype=p0.dtype, device=p0.device)  # (numel,)
+        self.views = [
+            self.buffer[o : o + p.numel()].view_as(p) for p, o in zip(params, self.offsets)
+        ]
         self.reset()
 
     def reset(self) -> None:
-        self.buffer: torch.Tensor | None = None  # (numel,) allocated on first gradient
         self.ready: set[int] = set()
         self.handle = None
 
@@ -155,9 +171,9 @@ class DDP(nn.Module):
 
     def _hook(self, p: nn.Parameter) -> None:
         """Called by autograd once ``p.grad`` holds this backward's full (accumulated) value."""
-        if not self.require_sync:
-            return
         if not self._buckets:
+            if not self.require_sync:
+                return
             # BEGIN SOLUTION hint: pre-divide p.grad by D, start an async all_reduce, keep the handle
             p.grad.div_(self.world_size)
             work = dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
@@ -165,11 +181,14 @@ class DDP(nn.Module):
             # END SOLUTION
             return
         b = self._bucket_of[id(p)]
-        # BEGIN SOLUTION hint: copy grad/D into the bucket's flat buffer; all_reduce it async when full
-        if b.buffer is None:
-            b.buffer = torch.zeros(b.numel, dtype=p.grad.dtype, device=p.grad.device)
+        # BEGIN SOLUTION hint: make p.grad a view of its bucket slot (copy once); all_reduce the bucket async when full
         i = b.index[id(p)]
-        b.buffer[b.offsets[i] : b.offsets[i] + p.numel()].copy_(p.grad.view(-1))
+        view = b.views[i]
+        if p.grad.data_ptr() != view.data_ptr():  # first gradient of this step: move it in
+            view.copy_(p.grad)
+            p.grad = view  # the autograd-made tensor is freed here
+        if not self.require_sync:
+            return  # later microbatches accumulate into the bucket in place
         b.ready.add(i)
         if len(b.ready) == len(b.params):
             self._launch(b)
@@ -185,18 +204,18 @@ class DDP(nn.Module):
         """Wait for every outstanding all-reduce; afterwards ``param.grad`` is the average."""
         if not self.require_sync:
             return
-        # BEGIN SOLUTION hint: wait on the handles; for buckets also launch incomplete ones and copy back
+        # BEGIN SOLUTION hint: wait on the handles; launch incomplete buckets (zeros in unused slots) and wait
         for _, work in self._handles:
             work.wait()
         self._handles.clear()
         for b in self._buckets:
-            if b.buffer is None:  # no parameter of this bucket was used on this step
+            if not b.ready:  # no parameter of this bucket was used on this step
                 continue
-            if b.handle is None:  # some parameters were unused: their slots stay zero
+            if b.handle is None:  # some parameters were unused: send zeros in their slots
+                for i, view in enumerate(b.views):
+                    if i not in b.ready:
+                        view.zero_()
                 self._launch(b)
-            b.handle.wait()
-            for i, p in enumerate(b.params):
-                if i in b.ready:
-                    p.grad.view(-1).copy_(b.buffer[b.offsets[i] : b.offsets[i] + p.numel()])
-            b.reset()  # frees the flat buffer
+            b.handle.wait()  # param.grad views now hold the average: nothing to copy
+            b.reset()
         # END SOLUTION

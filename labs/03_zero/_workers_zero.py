@@ -1,75 +1,62 @@
-"""Functions run on every rank by the ZeRO tests, notebook and benchmark (importable by name)."""
+"""Functions run on every rank by the ZeRO tests, notebook and benchmark (importable by name).
+
+Model and data: the package's tiny GPT (:mod:`shardlab.models`) in the variants of the DDP
+lab (plain, ``tied``, ``frozen``, ``odd``) plus ``two`` (two trainable tensors), and
+``make_batch`` token batches.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import traceback
 
 import torch
 import torch.distributed as dist
+from shardlab.models import GPT, GPTConfig, make_batch
 from torch import nn
 from zero import ShardedOptimizer, ZeRO2
 
-IN, HID, VOCAB, SEQ = 8, 16, 11, 5
 GLOBAL_BATCH = 24  # divisible by 2, 3, 4 ranks and by 2 microbatches per rank
 STEPS = 3
+CONFIGS = {
+    "small": dict(vocab_size=16, seq_len=8, n_layer=1, n_head=2, d_model=8),
+    "odd": dict(vocab_size=13, seq_len=7, n_layer=1, n_head=2, d_model=6, d_ff=11),
+    "profile": dict(vocab_size=256, seq_len=16, n_layer=2, n_head=2, d_model=32),
+    "bench": dict(vocab_size=256, seq_len=32, n_layer=4, n_head=4, d_model=128),
+}
 
 
-class MLP(nn.Module):
-    def __init__(self, frozen: bool = False, hid: int = HID) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(IN, hid)
-        self.fc2 = nn.Linear(hid, hid)
-        self.fc3 = nn.Linear(hid, IN)
-        if frozen:
-            self.fc1.requires_grad_(False)
-
-    def forward(self, x):  # (b, IN) -> scalar loss
-        y = self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))))
-        return ((y - x.flip(-1)) ** 2).mean()
-
-
-class Linear(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(IN, IN)
-
-    def forward(self, x):  # (b, IN) -> scalar loss
-        return ((self.fc(x) - x.flip(-1)) ** 2).mean()
+def make_model(kind: str = "plain", seed: int = 0, size: str | None = None) -> nn.Module:
+    """Tiny GPT: "plain", "tied" (tok_emb = lm_head), "frozen" (pos_emb fixed), "odd" sizes,
+    "two" (only lm_head.weight and ln_f.bias train: on 3 ranks one rank owns nothing)."""
+    cfg = GPTConfig(**CONFIGS[size or ("odd" if kind == "odd" else "small")],
+                    tied_embeddings=kind == "tied")  # fmt: skip
+    model = GPT(cfg, seed=seed)
+    if kind == "frozen":
+        model.pos_emb.requires_grad_(False)
+    if kind == "two":
+        model.requires_grad_(False)
+        model.lm_head.weight.requires_grad_(True)
+        model.ln_f.bias.requires_grad_(True)
+    return model
 
 
-class Tied(nn.Module):
-    """Embedding and output projection share one weight (like GPT's wte / lm_head)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, HID)
-        self.mix = nn.Linear(HID, HID)
-        self.head = nn.Linear(HID, VOCAB, bias=False)
-        self.head.weight = self.emb.weight
-
-    def forward(self, x):  # (b, SEQ) tokens
-        logits = self.head(torch.tanh(self.mix(self.emb(x))))  # (b, SEQ, VOCAB)
-        return nn.functional.cross_entropy(logits.flatten(0, 1), x.roll(1, -1).flatten())
+def batch(model: nn.Module, step: int, n: int = GLOBAL_BATCH):
+    """Global batch ``(idx, targets)`` of step ``step`` (the same on every rank)."""
+    return make_batch(model.config, n, seed=1000 + step)
 
 
-def make_model(kind: str, seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    makers = {
-        "mlp": MLP,
-        "frozen": lambda: MLP(frozen=True),
-        "tied": Tied,
-        "odd": lambda: MLP(hid=7),  # sizes that do not divide by 2, 3 or 4
-        "linear": Linear,  # two tensors: on 3 ranks one rank owns nothing (ZeRO-1)
-    }
-    return makers[kind]()
+def local(xy, group=None):
+    """This rank's contiguous slice of a global ``(idx, targets)`` batch."""
+    r, d = dist.get_rank(group), dist.get_world_size(group)
+    return tuple(t.chunk(d)[r] for t in xy)
 
 
-def make_batch(kind: str, step: int, n: int = GLOBAL_BATCH) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1000 + step)
-    if kind == "tied":
-        return torch.randint(0, VOCAB, (n, SEQ), generator=g)
-    return torch.randn(n, IN, generator=g)
+def loss_of(model, xy) -> torch.Tensor:
+    return model(*xy)[1]
+
+
+def microbatches_of(xy, m: int) -> list:
+    return list(zip(*(t.chunk(m) for t in xy)))
 
 
 OPTS = {
@@ -100,16 +87,10 @@ def reference(kind: str, opt: str, groups: bool = False, steps: int = STEPS, mic
     o = cls(param_groups(model, groups), **kw)
     for s in range(steps):
         o.zero_grad()
-        for xc in make_batch(kind, s).chunk(microbatches):
-            (model(xc) / microbatches).backward()
+        for xy in microbatches_of(batch(model, s), microbatches):
+            (loss_of(model, xy) / microbatches).backward()
         o.step()
     return state(model)
-
-
-def _local(x: torch.Tensor, group=None) -> torch.Tensor:
-    r, d = dist.get_rank(group), dist.get_world_size(group)
-    n = x.shape[0] // d
-    return x[r * n : (r + 1) * n]
 
 
 def train_zero1(kind, opt, groups=False, steps=STEPS, group=None):
@@ -118,7 +99,7 @@ def train_zero1(kind, opt, groups=False, steps=STEPS, group=None):
     o = ShardedOptimizer(param_groups(model, groups), cls, group=group, **kw)
     for s in range(steps):
         o.zero_grad()
-        model(_local(make_batch(kind, s), group)).backward()
+        loss_of(model, local(batch(model, s), group)).backward()
         o.step()
     return state(model)
 
@@ -129,13 +110,13 @@ def train_zero2(kind, opt, bucket_size_mb=0.0005, microbatches=1, steps=STEPS, g
     z = ZeRO2(model, cls, bucket_size_mb=bucket_size_mb, group=group, **kw)
     for s in range(steps):
         z.zero_grad()
-        chunks = _local(make_batch(kind, s), group).chunk(microbatches)
-        for i, xc in enumerate(chunks):
+        chunks = microbatches_of(local(batch(model, s), group), microbatches)
+        for i, xy in enumerate(chunks):
             if i < len(chunks) - 1:
                 with z.no_sync():
-                    (z(xc) / len(chunks)).backward()
+                    (loss_of(z, xy) / len(chunks)).backward()
             else:
-                (z(xc) / len(chunks)).backward()
+                (loss_of(z, xy) / len(chunks)).backward()
         z.finish_gradient_synchronization()
         z.step()
     return state(model)
@@ -153,24 +134,24 @@ def train_torch(kind, opt, zero: bool, steps=STEPS):
     o = ZeroRedundancyOptimizer(ps, cls, **kw) if zero else cls(ps, **kw)
     for s in range(steps):
         o.zero_grad()
-        ddp(_local(make_batch(kind, s))).backward()
+        loss_of(ddp, local(batch(model, s))).backward()
         o.step()
     return state(model)
 
 
 ZERO1_CASES = [
     # (name, kind, optimizer, param groups)
-    ("mlp-adamw", "mlp", "adamw", False),
+    ("plain-adamw", "plain", "adamw", False),
     ("tied-sgd", "tied", "sgd", False),
     ("frozen-adamw", "frozen", "adamw", False),
-    ("mlp-adamw-groups", "mlp", "adamw", True),
+    ("plain-adamw-groups", "plain", "adamw", True),
 ]
 ZERO2_CASES = [
     # (name, kind, optimizer, bucket_size_mb, microbatches)
-    ("mlp-adamw", "mlp", "adamw", 0.0005, 1),
-    ("tied-sgd", "tied", "sgd", 0.0005, 1),
-    ("frozen-adamw", "frozen", "adamw", 0.0005, 1),
-    ("mlp-sgd-no-sync", "mlp", "sgd", 0.0005, 2),
+    ("plain-adamw", "plain", "adamw", 0.001, 1),
+    ("tied-sgd", "tied", "sgd", 0.001, 1),
+    ("frozen-adamw", "frozen", "adamw", 0.001, 1),
+    ("plain-sgd-no-sync", "plain", "sgd", 0.001, 2),
 ]
 
 
@@ -181,7 +162,7 @@ def _try(fn, *args):
         return traceback.format_exc()
 
 
-def correctness(zero1_cases=None, zero2_cases=None, torch_cases=(("mlp", "adamw"),)) -> dict:
+def correctness(zero1_cases=None, zero2_cases=None, torch_cases=(("plain", "adamw"),)) -> dict:
     """Every case on every rank; rank 0 adds the single-process references."""
     torch.set_num_threads(1)
     rank0 = dist.get_rank() == 0
@@ -216,24 +197,24 @@ def _moments(opt: torch.optim.Optimizer) -> dict[str, int]:
     }
 
 
-def measure(kind: str = "mlp", bucket_size_mb: float = 0.0005, microbatches: int = 4) -> dict:
+def measure(kind: str = "plain", bucket_size_mb: float = 0.001, microbatches: int = 4) -> dict:
     """Model-state bytes and bytes sent per step / per accumulated update, ZeRO-1 and ZeRO-2."""
     from shardlab.dist import CommTrace
 
     torch.set_num_threads(1)
     cls, kw = OPTS["adamw"]
-    x = _local(make_batch(kind, 0))
-    microbatches = len(x.chunk(microbatches))
-    out: dict = {"microbatches": microbatches}
+    model = make_model(kind)
+    xy = local(batch(model, 0))
+    chunks = microbatches_of(xy, microbatches)
+    out: dict = {"microbatches": len(chunks)}
 
     # ZeRO-1
-    model = make_model(kind)
     o = ShardedOptimizer([p for p in model.parameters() if p.requires_grad], cls, **kw)
     with CommTrace() as tr:
         o.zero_grad()
-        model(x).backward()
+        loss_of(model, xy).backward()
         o.step()
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]
     out["zero1"] = {
         "n_params": sum(p.numel() for p in o.params),
         "padded_numel": o.padded_numel,
@@ -248,8 +229,8 @@ def measure(kind: str = "mlp", bucket_size_mb: float = 0.0005, microbatches: int
     }
     with CommTrace() as tr:  # accumulate locally, reduce once in step()
         o.zero_grad()
-        for xc in x.chunk(microbatches):
-            (model(xc) / microbatches).backward()
+        for c in chunks:
+            (loss_of(model, c) / len(chunks)).backward()
         o.step()
     out["zero1"]["accum_sent_sync=False"] = tr.sent_bytes()
 
@@ -258,7 +239,7 @@ def measure(kind: str = "mlp", bucket_size_mb: float = 0.0005, microbatches: int
     z = ZeRO2(model, cls, bucket_size_mb=bucket_size_mb, **kw)
     with CommTrace() as tr:
         z.zero_grad()
-        z(x).backward()
+        loss_of(z, xy).backward()
         full_grads_after_backward = _bytes(p.grad for p in model.parameters())
         z.finish_gradient_synchronization()
         z.step()
@@ -279,36 +260,43 @@ def measure(kind: str = "mlp", bucket_size_mb: float = 0.0005, microbatches: int
     for sync in (True, False):
         with CommTrace() as tr:
             z.zero_grad()
-            chunks = x.chunk(microbatches)
-            for i, xc in enumerate(chunks):
+            for i, c in enumerate(chunks):
                 if not sync and i < len(chunks) - 1:
                     with z.no_sync():
-                        (z(xc) / len(chunks)).backward()
+                        (loss_of(z, c) / len(chunks)).backward()
                 else:
-                    (z(xc) / len(chunks)).backward()
+                    (loss_of(z, c) / len(chunks)).backward()
                     z.finish_gradient_synchronization()
             z.step()
         out["zero2"][f"accum_sent_sync={sync}"] = tr.sent_bytes()
     return out
 
 
-def suite(zero1_cases=None, zero2_cases=None, measure_kw=None) -> dict:
-    """Everything the tests need from one launch."""
+def suite(zero1_cases=None, zero2_cases=None, measure_kw=None, profile=True) -> dict:
+    """Everything the tests need from one launch (``profile``: peak memory per layout)."""
     out = {"correctness": correctness(zero1_cases, zero2_cases)}
     out["measure"] = measure(**(measure_kw or {}))
+    if profile:
+        out["profile"] = {impl: profile_step(impl) for impl in ("zero1", "zero2")}
     return out
 
 
-def _build(impl: str, hid: int, bucket_size_mb: float):
+# ---------------------------------------------------------------- peak memory, benchmark
+
+PROFILE_BATCH = 4  # global sequences per step for the memory profile
+PROFILE_BUCKET_MB = 0.02
+
+
+def _build(impl: str, size: str, bucket_size_mb: float):
     """(model, forward module, optimizer-like, finish) for one layout, AdamW fp32."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
 
     cls, kw = OPTS["adamw"]
-    torch.manual_seed(0)
-    model = MLP(hid=hid)
+    model = make_model("plain", size=size)
     if impl == "zero1":
-        return model, model, ShardedOptimizer(list(model.parameters()), cls, **kw), None
+        opt = ShardedOptimizer(list(model.parameters()), cls, bucket_size_mb=bucket_size_mb, **kw)
+        return model, model, opt, None
     if impl == "zero2":
         z = ZeRO2(model, cls, bucket_size_mb=bucket_size_mb, **kw)
         return model, z, z, z.finish_gradient_synchronization
@@ -316,51 +304,105 @@ def _build(impl: str, hid: int, bucket_size_mb: float):
     return model, ddp, ZeroRedundancyOptimizer(list(model.parameters()), cls, **kw), None
 
 
-def profile_step(impl: str, hid: int = 64, bucket_size_mb: float = 0.01) -> dict:
-    """One AdamW step (after a warm-up step) under MemoryTrace."""
+def _step(fwd, opt, xy, finish=None):
+    opt.zero_grad()
+    loss_of(fwd, xy).backward()
+    if finish is not None:
+        finish()
+    opt.step()
+
+
+def profile_step(
+    impl: str, size: str = "profile", bucket_size_mb: float = PROFILE_BUCKET_MB,
+    n: int = PROFILE_BATCH,
+) -> dict:  # fmt: skip
+    """One AdamW step (after a warm-up step) under MemoryTrace, plus what the prediction
+    needs: ``n_state`` (elements the layout's model-state formula is applied to: ``D*S``
+    for ZeRO-1, ``N_pad`` for ZeRO-2), ``stepped`` (numel of each tensor this rank's AdamW
+    steps), ``buckets`` (bytes of each ZeRO-2 gradient bucket) and ``logits`` (bytes of
+    one ``(b, s, V)`` fp32 tensor of this rank's batch)."""
     from shardlab.dist import MemoryTrace, phase
 
     torch.set_num_threads(1)
-    model, fwd, opt, finish = _build(impl, hid, bucket_size_mb)
-    x = _local(make_batch("mlp", 0, n=256))
-    for traced in (False, True):
-        opt.zero_grad()
-        with MemoryTrace() if traced else contextlib.nullcontext() as mt:
-            if traced:
-                mt.watch(model, opt.optimizer if impl == "zero2" else opt)
-            with phase("forward"):
-                loss = fwd(x)
-            with phase("backward"):
-                loss.backward()
-                if finish is not None:
-                    finish()
-            with phase("optimizer"):
-                opt.step()
-    n = sum(p.numel() for p in model.parameters())
-    n_state = opt.padded_numel if impl == "zero2" else n  # ZeRO-2 stores the padding too
-    return {"timeline": mt.timeline(), "n_params": n, "n_state": n_state}
+    model, fwd, opt, finish = _build(impl, size, bucket_size_mb)
+    xy = local(batch(model, 0, n))
+    _step(fwd, opt, xy, finish)  # creates the AdamW state
+    opt.zero_grad()
+    inner = opt.optimizer if impl == "zero2" else getattr(opt, "optim", opt)
+    with MemoryTrace() as mt:
+        mt.watch(model, inner)
+        if impl == "zero1":  # flat buffers allocated before the trace
+            mt.tag(opt.flat_weights, "parameters")
+            mt.tag(opt.flat_grads, "gradients")
+        if impl == "zero2":
+            mt.tag([b.weights for b in opt.buckets], "parameters")
+            mt.tag([b.grad_shard for b in opt.buckets], "gradients")
+        with phase("forward"):
+            loss = loss_of(fwd, xy)
+        with phase("backward"):
+            loss.backward()
+            if finish is not None:
+                finish()
+        with phase("optimizer"):
+            opt.step()
+    c = model.config
+    stepped = [p.numel() for g in inner.param_groups for p in g["params"]] if inner else []
+    return {
+        "timeline": mt.timeline(),
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "n_state": opt.padded_numel if impl in ("zero1", "zero2") else None,
+        "stepped": stepped,
+        "buckets": [b.padded * 4 for b in opt.buckets] if impl == "zero2" else [],
+        "logits": xy[0].shape[0] * c.seq_len * c.vocab_size * 4,
+    }
 
 
-def benchmark(hid: int = 256, steps: int = 30, bucket_size_mb: float = 25.0) -> dict:
-    """Median step time and traced peak: ZeRO-1 and ZeRO-2 vs DDP + ZeroRedundancyOptimizer."""
+def benchmark(steps: int = 20, warmup: int = 3, bucket_size_mb: float = 1.0) -> dict:
+    """Median step time (same model, data; runs interleaved step by step) and traced peak:
+    ZeRO-1 and ZeRO-2 vs PyTorch DDP + ZeroRedundancyOptimizer."""
     import statistics
     import time
 
     torch.set_num_threads(1)
-    out = {}
-    for impl in ("zero1", "zero2", "torch"):
-        model, fwd, opt, finish = _build(impl, hid, bucket_size_mb)
-        x = _local(make_batch("mlp", 0, n=256))
-        times = []
-        for _ in range(steps + 2):
+    impls = ("zero1", "zero2", "torch")
+    runs = {impl: _build(impl, "bench", bucket_size_mb) for impl in impls}
+    xy = local(batch(runs["zero1"][0], 0, 8))
+    times: dict = {impl: [] for impl in impls}
+    for i in range(warmup + steps):
+        for impl, (_, fwd, opt, finish) in runs.items():
             dist.barrier()
             t0 = time.perf_counter()
-            opt.zero_grad()
-            fwd(x).backward()
-            if finish is not None:
-                finish()
-            opt.step()
-            times.append(time.perf_counter() - t0)
-        out[impl] = {"step_s": statistics.median(times[2:])}
-        out[impl]["peak"] = profile_step(impl, hid, bucket_size_mb)["timeline"].peak
+            _step(fwd, opt, xy, finish)
+            if i >= warmup:
+                times[impl].append(time.perf_counter() - t0)
+    out: dict = {impl: {"step_s": statistics.median(ts)} for impl, ts in times.items()}
+    ref = list(runs["torch"][0].parameters())
+    out["max_diff"] = {
+        impl: max((a - b).abs().max().item() for a, b in zip(runs[impl][0].parameters(), ref))
+        for impl in ("zero1", "zero2")
+    }
+    out["n_params"] = len(ref) and sum(p.numel() for p in ref)
+    del runs
+    for impl in impls:
+        out[impl]["peak"] = profile_step(impl, "bench", bucket_size_mb, 8)["timeline"].peak
     return out
+
+
+def predicted_peak(prof: dict, layout: str, dp: int):
+    """Predicted peak for a :func:`profile_step` result (fp32 AdamW, CPU), every term from a
+    formula except the saved activations, which are the trace's largest ``activations``:
+
+    * persistent: ``model_state(n_state, dp, layout, "fp32")``;
+    * start of backward: + activations + ``logits_workspace`` (gradients of the
+      log-probabilities and of the logits, ``2 b s V q``);
+    * ``optimizer.step()``: + ``adam_workspace`` of the tensors this rank steps
+      (single-tensor AdamW on CPU: two temporaries the size of the largest one).
+    """
+    from shardlab.accounting.peak import adam_workspace, predict_layout_peak
+
+    return predict_layout_peak(
+        prof["n_state"], dp, layout, "fp32",
+        activation_bytes=max(prof["timeline"].bytes["activations"]),
+        backward_workspace_bytes=2 * prof["logits"],  # = logits_workspace(b, s, V, 4)
+        optimizer_workspace_bytes=adam_workspace(prof["stepped"]),
+    )  # fmt: skip

@@ -4,10 +4,14 @@ ZeRO-1, :class:`ShardedOptimizer`
     Sharded: optimizer state (Adam's m and v). Replicated: weights and full gradients.
     Every trainable parameter gets one *owner* rank (greedy by size: largest tensor first,
     to the least-loaded rank), and each rank builds ``optimizer_cls`` over its owned tensors
-    only. ``step()`` packs all gradients into one flat buffer laid out owner by owner, each
-    owner's segment padded to the largest segment ``S``; a ``reduce_scatter`` (sum, then
-    ``/ D``) leaves every owner the averaged gradients of its parameters; the owner steps;
-    an ``all_gather`` of the owners' segments gives every rank the updated model.
+    only. The weights and the gradients each live in one flat buffer laid out owner by
+    owner, each owner's segment padded to the largest segment ``S``: parameters are views
+    of the weight buffer, and a post-accumulate-grad hook makes ``param.grad`` a view of the
+    gradient buffer (copied in once per step). ``step()`` then works chunk by chunk
+    (``bucket_size_mb``), so its temporaries are bucket-sized, never ``D S``: for each piece
+    ``[lo, hi)`` of the segments, a ``reduce_scatter`` of the ``(D, c)`` gradient pieces
+    (sum, then ``/ D``) into the owner's own segment; the owner steps; an ``all_gather`` of
+    the owners' ``(c,)`` weight pieces, copied into every segment.
     Sent bytes per rank per step: ``2 q (D S) (D-1)/D``, i.e.
     :func:`shardlab.accounting.comm.step_volume` ``("zero1", D*S, D, q)``; ``D S - N`` is
     the padding (0 when the owners are perfectly balanced).
@@ -24,8 +28,10 @@ ZeRO-2, :class:`ZeRO2`
     ``r``-th contiguous ``1/D`` of every bucket as an fp32 shard the optimizer updates in
     place. During backward, as soon as all gradients of a bucket are final they are copied
     into a flat buffer, ``param.grad`` is released (``None``), and an asynchronous
-    ``reduce_scatter`` sends each rank its shard of the sum. ``step()`` runs the optimizer on
-    the shards and ``all_gather``s every bucket. Sent bytes per rank per step:
+    ``reduce_scatter`` sends each rank its shard of the sum; when a bucket is launched, the
+    one before it is waited for and its full-size buffer freed, so at most two bucket
+    buffers exist at once. ``step()`` runs the optimizer on the shards and ``all_gather``s
+    the buckets one after another (one shard-size temporary at a time). Sent bytes per rank per step:
     ``step_volume("zero2", N_pad, D, q)`` with ``N_pad`` the padded element count; model
     state per rank: ``model_state(N_pad, D, "zero2", recipe)`` exactly.
     Production: DeepSpeed ZeRO stage 2; in PyTorch, FSDP with ``SHARD_GRAD_OP``.
@@ -61,8 +67,18 @@ def assign_owners(numels: list[int], world_size: int) -> list[int]:
 class ShardedOptimizer(torch.optim.Optimizer):
     """ZeRO-1: ``optimizer_cls(**kwargs)`` over this rank's owned parameters only."""
 
-    def __init__(self, params, optimizer_cls: type[torch.optim.Optimizer], group=None, **kwargs):
+    def __init__(
+        self,
+        params,
+        optimizer_cls: type[torch.optim.Optimizer],
+        group=None,
+        bucket_size_mb: float = 25.0,
+        **kwargs,
+    ):
+        if not bucket_size_mb > 0:
+            raise ValueError(f"bucket_size_mb={bucket_size_mb!r} must be > 0")
         super().__init__(params, defaults=kwargs)
+        self.bucket_size_mb = bucket_size_mb
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -94,6 +110,41 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # END SOLUTION
         if self.optim is not None:
             self.state = self.optim.state  # per-rank shard of the optimizer state
+        # Flat owner-major storage: weights (params become views) and gradients (hooked).
+        p0 = self.params[0] if self.params else None
+        self.flat_weights = self.flat_grads = None
+        self._grad_views: dict[int, torch.Tensor] = {}
+        if p0 is not None:
+            self.flat_weights = self._flat(p0.dtype, p0.device)  # (D*S,)
+            self.flat_grads = self._flat(p0.dtype, p0.device)  # (D*S,)
+            for p, sl in zip(self.params, self._slices()):
+                self.flat_weights[sl].copy_(p.detach().view(-1))
+                p.data = self.flat_weights[sl].view_as(p)  # share storage
+                self._grad_views[id(p)] = self.flat_grads[sl].view_as(p)
+                p.register_post_accumulate_grad_hook(self._to_flat)
+
+    def _chunks(self) -> list[tuple[int, int]]:
+        """``[lo, hi)`` pieces of a segment, each ``D * (hi - lo)`` elements <= the bucket
+        (at least one element), so a collective's temporaries stay bucket-sized."""
+        p0 = self.params[0]
+        per = self.bucket_size_mb * 2**20 / (p0.element_size() * self.world_size)
+        c = max(1, int(per))
+        return [(lo, min(lo + c, self.segment)) for lo in range(0, self.segment, c)]
+
+    def _slices(self) -> list[slice]:
+        S = self.segment
+        return [
+            slice(o * S + off, o * S + off + p.numel())
+            for p, o, off in zip(self.params, self.owners, self.offsets)
+        ]
+
+    @torch.no_grad()
+    def _to_flat(self, p: torch.Tensor) -> None:
+        """Gradient as bucket view: move ``p.grad`` into the flat buffer once per step."""
+        view = self._grad_views[id(p)]
+        if p.grad.data_ptr() != view.data_ptr():
+            view.copy_(p.grad)
+            p.grad = view  # later backward passes accumulate in place
 
     @property
     def padded_numel(self) -> int:
@@ -112,19 +163,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if not self.params:
             return loss
         D, S, r = self.world_size, self.segment, self.rank
-        p0 = self.params[0]
-        # BEGIN SOLUTION hint: flat (D*S) grads by owner -> reduce_scatter -> /D -> owned p.grad
-        flat = self._flat(p0.dtype, p0.device)  # (D*S,) gradients, owner-major
-        for p, owner, off in zip(self.params, self.owners, self.offsets):
-            if p.grad is not None:
-                flat[owner * S + off : owner * S + off + p.numel()].copy_(p.grad.view(-1))
-        mine = torch.empty(S, dtype=flat.dtype, device=flat.device)  # (S,)
-        dist.reduce_scatter_single(mine, flat, op=dist.ReduceOp.SUM, group=self.group)
-        del flat
-        mine.div_(D)
-        for p, owner, off in zip(self.params, self.owners, self.offsets):
-            if owner == r and p.grad is not None:
-                p.grad.view(-1).copy_(mine[off : off + p.numel()])
+        # BEGIN SOLUTION hint: per chunk of the segment: reduce_scatter (D, c) grads -> (c,), /D, into own segment
+        for p, sl in zip(self.params, self._slices()):
+            if p.grad is None:  # unused this step: send zeros, not last step's values
+                self.flat_grads[sl].zero_()
+        grads = self.flat_grads.view(D, S)  # row o = owner o's segment
+        for lo, hi in self._chunks():
+            send = grads[:, lo:hi].reshape(-1)  # (D*c,) temporary, <= one bucket
+            mine = torch.empty(hi - lo, dtype=send.dtype, device=send.device)
+            dist.reduce_scatter_single(mine, send, op=dist.ReduceOp.SUM, group=self.group)
+            grads[r, lo:hi].copy_(mine.div_(D))  # owned p.grad views see the average
+            del send, mine
         # END SOLUTION
         # BEGIN SOLUTION hint: copy hyperparameters from self.param_groups, then step the local optimizer
         if self.optim is not None:
@@ -134,15 +183,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
                         local[k] = v
             self.optim.step()
         # END SOLUTION
-        # BEGIN SOLUTION hint: owners write their params into a (S,) segment; all_gather; copy out
-        for p, owner, off in zip(self.params, self.owners, self.offsets):
-            if owner == r:
-                mine[off : off + p.numel()].copy_(p.view(-1))
-        flat = self._flat(p0.dtype, p0.device)
-        dist.all_gather_single(flat, mine, group=self.group)
-        for p, owner, off in zip(self.params, self.owners, self.offsets):
-            if owner != r:
-                p.view(-1).copy_(flat[owner * S + off : owner * S + off + p.numel()])
+        # BEGIN SOLUTION hint: per chunk: all_gather the owners' (c,) weight pieces, copy into the segments
+        weights = self.flat_weights.view(D, S)
+        for lo, hi in self._chunks():
+            recv = torch.empty(D * (hi - lo), dtype=weights.dtype, device=weights.device)
+            dist.all_gather_single(recv, weights[r, lo:hi].contiguous(), group=self.group)
+            weights[:, lo:hi].copy_(recv.view(D, -1))
+            del recv
         # END SOLUTION
         return loss
 
@@ -207,6 +254,9 @@ class _FlatBucket:
         lo = rank * self.shard_numel
         # The optimizer's parameter: a view of this rank's slice, updated in place.
         self.shard = nn.Parameter(self.weights[lo : lo + self.shard_numel])
+        # This rank's reduced gradient lives here, allocated once (the ZeRO-2 "grads" state):
+        # the first reduce-scatter of a step writes straight into it.
+        self.grad_shard = torch.zeros(self.shard_numel, dtype=p0.dtype, device=p0.device)
         self.index = {id(p): i for i, p in enumerate(params)}
         self.reset()
 
@@ -246,6 +296,7 @@ class ZeRO2(nn.Module):
         ]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.optimizer = optimizer_cls([b.shard for b in self.buckets], **kwargs)
+        self._inflight: list[_FlatBucket] = []  # launched, not yet waited for
         for p in params:
             p.register_post_accumulate_grad_hook(self._hook)
 
@@ -282,45 +333,48 @@ class ZeRO2(nn.Module):
         # END SOLUTION
 
     def _launch(self, b: _FlatBucket) -> None:
-        # BEGIN SOLUTION hint: divide by D, async reduce_scatter_single into a (shard_numel,) tensor
+        # BEGIN SOLUTION hint: divide by D, async reduce_scatter_single into a (shard_numel,) tensor; complete the previous bucket
         b.grad_buffer.div_(self.world_size)
-        b.out = torch.empty(b.shard_numel, dtype=b.grad_buffer.dtype, device=b.grad_buffer.device)
+        first = b.shard.grad is None  # write into the persistent shard, else add later
+        b.out = b.grad_shard if first else torch.empty_like(b.grad_shard)
         b.handle = dist.reduce_scatter_single(
             b.out, b.grad_buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True
         )
+        self._inflight.append(b)
+        while len(self._inflight) > 1:  # overlap one bucket, free the older buffer
+            self._complete(self._inflight.pop(0))
+        # END SOLUTION
+
+    def _complete(self, b: _FlatBucket) -> None:
+        """Wait for ``b``'s reduce-scatter, add its shard into ``shard.grad``, free buffers."""
+        # BEGIN SOLUTION hint: wait; shard.grad = grad_shard (or += out); reset the bucket
+        b.handle.wait()
+        if b.shard.grad is None:
+            b.shard.grad = b.grad_shard  # b.out is grad_shard
+        else:
+            b.shard.grad.add_(b.out)
+        b.reset()
         # END SOLUTION
 
     def finish_gradient_synchronization(self) -> None:
         """Wait for the reduce-scatters; accumulate each bucket's result into ``shard.grad``."""
         if not self.require_sync:
             return
-        # BEGIN SOLUTION hint: launch incomplete buckets, wait, add out into shard.grad, free buffers
+        # BEGIN SOLUTION hint: launch incomplete buckets, then complete every launched one
         for b in self.buckets:
-            if b.grad_buffer is None:
-                continue
-            if b.handle is None:
+            if b.grad_buffer is not None and b.handle is None:
                 self._launch(b)
-            b.handle.wait()
-            if b.shard.grad is None:
-                b.shard.grad = b.out
-            else:
-                b.shard.grad.add_(b.out)
-            b.reset()
+        while self._inflight:
+            self._complete(self._inflight.pop(0))
         # END SOLUTION
 
     @torch.no_grad()
     def step(self) -> None:
         """Optimizer step on the shards, then all-gather every bucket's weights."""
-        # BEGIN SOLUTION hint: optimizer.step(); all_gather_single(b.weights, b.shard copy)
+        # BEGIN SOLUTION hint: optimizer.step(); per bucket all_gather_single(b.weights, b.shard copy)
         self.optimizer.step()
-        works = [
-            dist.all_gather_single(
-                b.weights, b.shard.detach().clone(), group=self.group, async_op=True
-            )
-            for b in self.buckets
-        ]
-        for w in works:
-            w.wait()
+        for b in self.buckets:  # one at a time: one shard-size copy alive, not all of them
+            dist.all_gather_single(b.weights, b.shard.detach().clone(), group=self.group)
         # END SOLUTION
 
     def zero_grad(self, set_to_none: bool = True) -> None:

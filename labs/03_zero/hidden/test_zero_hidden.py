@@ -17,13 +17,13 @@ ZERO1 = [
     ("odd-adamw", "odd", "adamw", False),
     ("odd-sgd-groups", "odd", "sgd", True),
     ("frozen-adamw-groups", "frozen", "adamw", True),
-    ("linear-adamw", "linear", "adamw", False),  # 2 tensors on 3 ranks: one owns nothing
+    ("two-adamw", "two", "adamw", False),  # 2 tensors on 3 ranks: one owns nothing
 ]
 ZERO2 = [
     ("odd-adamw", "odd", "adamw", 0.0005, 1),
     ("odd-sgd-tiny-buckets-no-sync", "odd", "sgd", 1e-6, 2),
     ("tied-adamw-one-bucket", "tied", "adamw", 1000.0, 1),
-    ("linear-adamw", "linear", "adamw", 0.0005, 1),
+    ("two-adamw", "two", "adamw", 0.0005, 1),
 ]
 
 
@@ -31,7 +31,7 @@ ZERO2 = [
 def three():
     return launch(
         "_workers_zero:suite", 3, zero1_cases=ZERO1, zero2_cases=ZERO2,
-        measure_kw={"kind": "odd", "bucket_size_mb": 1e-6}, timeout=240,
+        measure_kw={"kind": "odd", "bucket_size_mb": 1e-6}, profile=False, timeout=240,
     )  # fmt: skip
 
 

@@ -138,7 +138,9 @@ def logits_workspace(batch: int, seq_len: int, vocab_size: int, bytes_per_elem: 
     return 2.0 * b * s * vocab * q
 
 
-def adam_workspace(numels: Sequence[int], bytes_per_elem: float = 4, foreach: bool = False) -> float:
+def adam_workspace(
+    numels: Sequence[int], bytes_per_elem: float = 4, foreach: bool = False
+) -> float:
     """``optimizer_workspace`` of ``torch.optim.Adam``/``AdamW`` stepping tensors of
     ``numels`` elements (the ones *this rank* steps). ``foreach=True``: one temporary per
     tensor, all alive at once, ``q * sum(numels)``; ``foreach=False`` (single-tensor loop,
@@ -192,11 +194,15 @@ def predict_peak(
         raise ValueError(f"unit_bytes={unit_bytes!r} must be a list of bytes per unit")
     units = [v.nonneg_number(f"unit_bytes[{i}]", x) for i, x in enumerate(unit_bytes)]
     n = len(units)
-    bw = None if backward_workspace_bytes is None else v.nonneg_number(
-        "backward_workspace_bytes", backward_workspace_bytes
+    bw = (
+        None
+        if backward_workspace_bytes is None
+        else v.nonneg_number("backward_workspace_bytes", backward_workspace_bytes)
     )
-    ow = None if optimizer_workspace_bytes is None else v.nonneg_number(
-        "optimizer_workspace_bytes", optimizer_workspace_bytes
+    ow = (
+        None
+        if optimizer_workspace_bytes is None
+        else v.nonneg_number("optimizer_workspace_bytes", optimizer_workspace_bytes)
     )
     extra = {}  # optional terms, only when given
     if bw is not None:
@@ -280,6 +286,12 @@ def predict_layout_peak(
     unit = [state.n_params * rec.weights / k] * k
     grad = [state.n_params * rec.grads / k] * k
     return predict_peak(
-        state.total, unit, activation_bytes, buffer_bytes, prefetch, reshard_after_forward, grad,
+        state.total,
+        unit,
+        activation_bytes,
+        buffer_bytes,
+        prefetch,
+        reshard_after_forward,
+        grad,
         **ws,
     )
