@@ -34,7 +34,8 @@ STUDENT_OUTPUT_TAG = "student-output"
 EXCLUDED_DIRS = frozenset(
     {"hidden", "__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 )
-EXCLUDED_FILES = frozenset({"rubric.toml", ".DS_Store"})
+# this_machine.json: the alpha-beta fit a lab notebook writes for the machine it ran on
+EXCLUDED_FILES = frozenset({"rubric.toml", ".DS_Store", "this_machine.json"})
 EXCLUDED_SUFFIXES = (".pyc", ".pyo")
 LAB_DIR_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+$")
 # Fixed timestamp for zip members (the zip format cannot store anything earlier).

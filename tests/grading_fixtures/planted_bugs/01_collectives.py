@@ -1,7 +1,7 @@
 """Planted bug for labs/01_collectives: the ring all-reduce averages instead of summing.
 
 Only the tests that check all-reduce values lose points; reduce-scatter, all-gather, chunk
-bounds and the byte counts (the same messages are sent) keep theirs: 9.5 of 18.5 points.
+and the byte counts (the same messages are sent) keep theirs: 9 of 18 points.
 """
 
 FILE = "collectives.py"
@@ -18,5 +18,6 @@ LOST = {
     "test_collectives_hidden.py::test_uneven_three_ranks",
     "test_collectives_hidden.py::test_group_argument",
 }
-# Tests the released stubs pass anyway: chunk_bounds ships complete to students.
-STUB_PASSES = {"test_collectives.py::test_chunk_bounds_match_tensor_split"}
+# Tests the released stubs pass anyway: none. chunk_bounds ships complete to students,
+# so its test is left out of the rubric (the grader ignores unlisted tests).
+STUB_PASSES: set[str] = set()
