@@ -6,6 +6,17 @@ Both wrap one unit per block plus the root, train the same model on the same dat
 measured in the same processes: median step time (forward + backward + gradient
 synchronisation + AdamW) and the peak of live tensor bytes of one step (MemoryTrace).
 Ratios are from scratch / PyTorch (below 1.0: ours is faster or smaller).
+
+What the peak counts (audit, torch 2.13, CPU, 2 ranks, defaults). MemoryTrace counts every
+storage an operator touches on the rank's main thread (FSDP2's DTensor shards through their
+local tensors, all-gather buffers freed/re-allocated by ``resize_``). Starting the trace
+before ``fully_shard`` gives FSDP2's step peak to within 8 bytes, so nothing made at wrap
+time is missed. Both sides run the same collectives (8 all-gathers and 4 reduce-scatters of
+49,984 elements plus the root's), and gloo's worker threads allocate temporaries for them that
+MemoryTrace does not see: the CPU allocator's own count (``torch.profiler``,
+``profile_memory=True``, all threads, separate runs) was higher by 0.23-0.44 MB for ours and
+0.08-0.20 MB for FSDP2, giving ratios 1.11-1.12 instead of the trace's 1.03-1.06. FSDP2's
+trace peak itself varies by run (2.49-2.57 MB) with the timing of frees.
 """
 
 from __future__ import annotations

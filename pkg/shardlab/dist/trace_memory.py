@@ -48,6 +48,18 @@ Limits
     ``max_memory_allocated`` at every phase marker (which include the allocator's rounding) and
     can export a snapshot for https://pytorch.org/memory_viz (``cuda_snapshot="file.pickle"``).
 
+    Measured blind spot (CPU, gloo, torch 2.13): tensors that ProcessGroupGloo allocates on its
+    own worker threads are invisible to the thread-local mode (probably the temporaries of
+    ``reduce_scatter_tensor`` / ``all_gather_into_tensor``; the gap appears only where those
+    run, while ``all_reduce`` and ``broadcast`` work in place). At a peak that overlaps such a
+    collective they are missing: in the lab benchmarks, compared with the CPU allocator's own
+    count (``torch.profiler`` with ``profile_memory=True`` around model construction and two
+    steps, whole-run peaks), 0.1-0.4 MB for
+    FSDP (ours and FSDP2 alike) and 0-2 MB for the from-scratch ZeRO-1/2, none for DDP or
+    PyTorch's DDP + ZeroRedundancyOptimizer (2 ranks; the amount depends on timing).
+    Storages created before the ``with`` block are missed until first touched: start the trace
+    before building/wrapping the model when buffers made at wrap time must count from the start.
+
 Overhead
     Per operator (a Python call and a storage lookup for every input and output): a tiny GPT
     step (24 ms) took about 5x as long (4.6-10x, noisy on shared cores), a medium one
