@@ -77,6 +77,7 @@ def unique_trainable_params(module: nn.Module) -> list[nn.Parameter]:
 def make_buckets(params: list[nn.Parameter], bucket_bytes: float) -> list[list[nn.Parameter]]:
     """Group ``params`` in *reverse* order (roughly the order backward produces gradients)
     into buckets of at most ``bucket_bytes`` (a parameter larger than that gets its own)."""
+    # BEGIN SOLUTION hint: walk params in reverse; start a new bucket when the next one would exceed bucket_bytes
     buckets: list[list[nn.Parameter]] = []
     current: list[nn.Parameter] = []
     size = 0
@@ -90,6 +91,7 @@ def make_buckets(params: list[nn.Parameter], bucket_bytes: float) -> list[list[n
     if current:
         buckets.append(current)
     return buckets
+    # END SOLUTION
 
 
 class _Bucket:

@@ -1,0 +1,28 @@
+"""Planted bug for labs/04_fsdp: the reduce-scattered gradient shard is not averaged.
+
+The student waits for the reduce-scatter (a SUM over ranks) and stores the shard as the
+gradient without dividing by D, so every shard is updated with D times the mean gradient.
+
+Lost (13 of 28 points): every test that compares trained weights with a reference (the split
+reference bitwise, the full batch, bf16 and fp16 with the same casts, one unit, FSDP2).
+Kept: the unit layout, the gradient shapes, the bytes held and sent, the peaks, and the two
+tests that compare our runs with each other (reshard/prefetch settings; no_sync against
+syncing every microbatch): all of them carry the same factor D.
+"""
+
+FILE = "fsdp_units.py"
+OLD = "        out = out.div_(self.world).to(torch.float32)  # sum over ranks -> mean\n"
+NEW = (
+    "        out = out.to(torch.float32)  # planted bug: the sum over ranks is kept, not the mean\n"
+)
+LOST = {
+    "test_fsdp.py::test_bitwise_equal_to_split_reference_on_2_ranks",
+    "test_fsdp.py::test_close_to_full_batch",
+    "test_fsdp.py::test_mixed_precision_matches_same_casts",
+    "test_fsdp_hidden.py::test_equal_to_pytorch_fsdp2",
+    "test_fsdp_hidden.py::test_fp16_and_single_unit",
+}
+# The released stubs score 0: FSDPConfig validation, padded_numel / blocks_policy and the
+# tied-across-units check of build_units ship complete (the notebook uses them before any
+# student code runs), so their tests are left out of rubric.toml.
+STUB_PASSES: set[str] = set()
