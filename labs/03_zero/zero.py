@@ -210,6 +210,7 @@ def unique_trainable_params(module: nn.Module) -> list[nn.Parameter]:
 def make_buckets(params: list[nn.Parameter], bucket_bytes: float) -> list[list[nn.Parameter]]:
     """Reverse order (about when backward produces them), at most ``bucket_bytes`` each
     (a larger parameter gets a bucket of its own)."""
+    # BEGIN SOLUTION hint: the same bucketing as make_buckets in lab 02's ddp.py (reverse order, cap bucket_bytes)
     buckets: list[list[nn.Parameter]] = []
     current: list[nn.Parameter] = []
     size = 0
@@ -223,6 +224,7 @@ def make_buckets(params: list[nn.Parameter], bucket_bytes: float) -> list[list[n
     if current:
         buckets.append(current)
     return buckets
+    # END SOLUTION
 
 
 @dataclass(frozen=True)
