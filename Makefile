@@ -30,7 +30,11 @@ NOTEBOOKS = $(shell find book labs -name '*.ipynb' \
 	-not -path '*/_build/*' -not -path '*/.ipynb_checkpoints/*' -not -path '*/hidden/*' \
 	2>/dev/null | sort)
 
-JB_BUILD := $(BIN)/jupyter-book build . --all -W --keep-going
+# `make book JUPYTERHUB_URL=https://hub.example.edu` adds a JupyterHub launch button
+JUPYTERHUB_URL ?=
+HUB_CONFIG := _config.hub.yml
+JB_BUILD := $(BIN)/jupyter-book build . --all -W --keep-going \
+	$(if $(strip $(JUPYTERHUB_URL)),--config $(HUB_CONFIG))
 NBVAL := $(BIN)/pytest --nbval --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 \
 	-p no:cacheprovider
@@ -64,6 +68,7 @@ $(WIDGET_STAMP): tools/fetch_widget_js.sh
 # --- book --------------------------------------------------------------------------------
 
 book-build: venv widget-js
+	$(if $(strip $(JUPYTERHUB_URL)),$(PY) tools/hub_config.py "$(JUPYTERHUB_URL)" $(HUB_CONFIG))
 	$(JB_BUILD)
 	$(PY) tools/check_site.py $(HTML)
 
