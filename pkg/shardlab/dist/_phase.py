@@ -34,3 +34,17 @@ def phase(name: str):
     finally:
         for t in reversed(traces):
             t._pop_phase()
+
+
+class PhaseLabels:
+    """Mixin of the traces: ``with trace.phase(name):`` labels only this trace (the class
+    provides ``_push_phase`` / ``_pop_phase``)."""
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Label what this trace records inside the block (forward, backward, optimizer ...)."""
+        self._push_phase(name)
+        try:
+            yield self
+        finally:
+            self._pop_phase()

@@ -14,34 +14,60 @@ For every student (a sub-folder or a ``.zip`` of the submissions folder) and eve
 
 Statuses: passed, partial, failed, skipped, needs GPU, did not run, timeout, crashed,
 missing, syntax error, rejected, tampered.
+
+Finding submissions is in ``_submissions``, reading pytest's reports in ``_junit``, and
+mapping cases to points in ``_score``; this module builds the work folder, runs the sandbox
+and drives the whole grading.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
-import signal
-import stat
 import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
-import zipfile
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from ._runner import NEEDS_GPU_REASON
+from ._junit import parse_junit, parse_progress
+from ._score import MESSAGE_CHARS, Row, _death_note, _zero, score
+from ._submissions import (
+    MAX_ZIP_BYTES,
+    MAX_ZIP_MEMBERS,
+    SubmissionError,
+    discover_submissions,
+    locate,
+    safe_extract,
+)
 from .release import lab_dirs
 from .rubric import Rubric, load_rubric, sandbox_files
-from .sandbox import Limits, RunResult, run_pytest
+from .sandbox import Limits, run_pytest
 
-MAX_ZIP_BYTES = 200 * 2**20
-MAX_ZIP_MEMBERS = 5000
-MESSAGE_CHARS = 400
+__all__ = [
+    "MAX_ZIP_BYTES",
+    "MAX_ZIP_MEMBERS",
+    "MESSAGE_CHARS",
+    "PYTEST_INI",
+    "LabResult",
+    "Row",
+    "SubmissionError",
+    "detect_cuda",
+    "discover_submissions",
+    "grade",
+    "grade_lab",
+    "load_rubrics",
+    "locate",
+    "parse_junit",
+    "parse_progress",
+    "safe_extract",
+    "score",
+]
+
 
 PYTEST_INI = """[pytest]
 addopts = -p no:cacheprovider
@@ -50,19 +76,6 @@ filterwarnings =
 markers =
     gpu: needs a CUDA device
 """
-
-
-class SubmissionError(ValueError):
-    """A submission cannot be unpacked (unsafe or oversized zip)."""
-
-
-@dataclass
-class Row:
-    test: str
-    points: float
-    max_points: float
-    status: str
-    message: str = ""
 
 
 @dataclass
@@ -81,334 +94,6 @@ class LabResult:
     @property
     def max_points(self) -> float:
         return sum(r.max_points for r in self.rows)
-
-
-@dataclass
-class _Case:
-    case: str  # parametrization id ("" when not parametrized)
-    outcome: str  # passed / failed / error / skipped
-    message: str = ""
-
-
-@dataclass
-class _Parsed:
-    cases: dict[str, list[_Case]] = field(default_factory=dict)  # rubric key -> cases
-    collect_errors: dict[str, str] = field(default_factory=dict)  # test file -> message
-    source: str = "junit"
-
-
-# --------------------------------------------------------------------------- submissions
-
-
-def discover_submissions(submissions: Path) -> list[tuple[str, Path]]:
-    """(student, path) for every sub-folder and ``.zip`` of ``submissions``, sorted by name."""
-    submissions = Path(submissions)
-    if not submissions.is_dir():
-        raise SubmissionError(f"submissions folder {submissions} does not exist.")
-    found: dict[str, Path] = {}
-    for entry in sorted(submissions.iterdir()):
-        if entry.name.startswith((".", "_")):
-            continue
-        if entry.is_dir():
-            student = entry.name
-        elif entry.is_file() and entry.suffix.lower() == ".zip":
-            student = entry.stem
-        else:
-            continue
-        if student in found:
-            raise SubmissionError(
-                f"student {student!r} has both a folder and a zip in {submissions}; keep one."
-            )
-        found[student] = entry
-    return sorted(found.items())
-
-
-def safe_extract(archive: Path, dest: Path) -> None:
-    """Extract a zip, rejecting absolute paths, '..', links, and oversized archives."""
-    try:
-        zf = zipfile.ZipFile(archive)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise SubmissionError(f"{archive.name} is not a readable zip file ({exc}).") from None
-    with zf:
-        infos = zf.infolist()
-        if len(infos) > MAX_ZIP_MEMBERS:
-            raise SubmissionError(
-                f"{archive.name} has {len(infos)} members (limit {MAX_ZIP_MEMBERS})."
-            )
-        total = 0
-        for info in infos:
-            name = info.filename.replace("\\", "/")
-            parts = [p for p in name.split("/") if p not in ("", ".")]
-            if name.startswith("/") or re.match(r"^[A-Za-z]:", name) or ".." in parts:
-                raise SubmissionError(
-                    f"{archive.name}: member {info.filename!r} has an absolute path or '..'; "
-                    "zip the folder again from inside it."
-                )
-            if stat.S_ISLNK(info.external_attr >> 16):
-                raise SubmissionError(
-                    f"{archive.name}: member {info.filename!r} is a symbolic link."
-                )
-            total += info.file_size
-            if total > MAX_ZIP_BYTES:
-                raise SubmissionError(
-                    f"{archive.name} unpacks to more than {MAX_ZIP_BYTES // 2**20} MB."
-                )
-        for info in infos:
-            parts = [p for p in info.filename.replace("\\", "/").split("/") if p not in ("", ".")]
-            if not parts or info.is_dir():
-                continue
-            target = dest.joinpath(*parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(info) as src, open(target, "wb") as out:
-                shutil.copyfileobj(src, out)
-
-
-def locate(root: Path, lab: str, filename: str) -> Path | None:
-    """Find a submitted file: ``<lab>/<file>``, ``<file>``, or the best match anywhere."""
-    for candidate in (root / lab / filename, root / filename):
-        if candidate.is_file() and not candidate.is_symlink():
-            return candidate
-    matches = [
-        p
-        for p in root.rglob(filename)
-        if p.is_file() and not p.is_symlink() and "__MACOSX" not in p.parts
-    ]
-    if not matches:
-        return None
-    return min(matches, key=lambda p: (p.parent.name != lab, len(p.parts), str(p)))
-
-
-# --------------------------------------------------------------------------- results
-
-
-def _split_case(name: str) -> tuple[str, str]:
-    if "[" in name and name.endswith("]"):
-        base, case = name.split("[", 1)
-        return base, case[:-1]
-    return name, ""
-
-
-def _first_line(text: str) -> str:
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    return lines[0] if lines else ""
-
-
-def _truncate(text: str, limit: int = MESSAGE_CHARS) -> str:
-    """First non-empty line, whitespace collapsed, at most ``limit`` characters."""
-    lines = [line for line in str(text).splitlines() if line.strip()]
-    text = " ".join(lines[0].split()) if lines else ""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def parse_junit(data: bytes, rubric: Rubric) -> _Parsed:
-    """Per-rubric-test cases from pytest's JUnit XML."""
-    parsed = _Parsed()
-    root = ET.fromstring(data)
-    for tc in root.iter("testcase"):
-        classname, name = tc.get("classname", ""), tc.get("name", "")
-        outcome, message = "passed", ""
-        for tag in ("skipped", "failure", "error"):
-            el = tc.find(tag)
-            if el is not None:
-                outcome = {"failure": "failed"}.get(tag, tag)
-                message = el.get("message", "") or (el.text or "")
-        parts = classname.split(".") if classname else []
-        if not parts:  # collection error: name is the file's dotted path
-            if outcome == "error":
-                el = tc.find("error")
-                detail = [
-                    ln[1:].strip() for ln in (el.text or "").splitlines() if ln.startswith("E ")
-                ]
-                file = name.replace(".", "/").split("/")[-1] + ".py"
-                parsed.collect_errors[file] = detail[-1] if detail else message
-            continue
-        base, case = _split_case(name)
-        file = parts[0] + ".py"
-        key = f"{file}::" + "::".join([*parts[1:], base])
-        if key not in rubric.points:
-            continue
-        # A teardown error after a pass shows up as an <error> in the same testcase.
-        parsed.cases.setdefault(key, []).append(_Case(case, outcome, message))
-    return parsed
-
-
-def parse_progress(records: list[dict], rubric: Rubric) -> tuple[_Parsed, str | None, str | None]:
-    """Cases from the progress log; also the test running and the file collected when pytest died."""
-    parsed = _Parsed(source="progress")
-    results: dict[str, tuple[str, str]] = {}
-    running: str | None = None
-    collecting: str | None = None
-    for rec in records:
-        event, nodeid = rec.get("event"), str(rec.get("nodeid", ""))
-        if event == "collect":
-            collecting = str(rec.get("path", ""))
-        elif event == "collecterror" and nodeid.endswith(".py"):
-            parsed.collect_errors[Path(nodeid).name] = str(rec.get("message", ""))
-        elif event == "start":
-            running = nodeid
-            collecting = None
-        elif event == "result":
-            outcome = str(rec.get("outcome", "failed"))
-            if outcome == "failed" and rec.get("when") != "call":
-                outcome = "error"
-            prev = results.get(nodeid)
-            if prev is None or prev[0] == "passed":
-                results[nodeid] = (outcome, str(rec.get("message", "")))
-            if running == nodeid and rec.get("when") in ("call", "teardown"):
-                running = None
-    for nodeid, (outcome, message) in results.items():
-        key, case = _nodeid_key(nodeid)
-        if key in rubric.points:
-            parsed.cases.setdefault(key, []).append(_Case(case, outcome, message))
-    if running is not None and running in results:
-        running = None
-    return parsed, running, collecting
-
-
-def _nodeid_key(nodeid: str) -> tuple[str, str]:
-    parts = nodeid.split("::")
-    file = Path(parts[0]).name
-    base, case = _split_case(parts[-1])
-    return f"{file}::" + "::".join([*parts[1:-1], base]), case
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
-def _death_note(run: RunResult, limits: Limits) -> str:
-    """Why pytest did not finish normally ('' when it did)."""
-    if run.timed_out:
-        return f"timed out after {limits.timeout:g} s (wall clock); the submission hangs or is too slow"
-    if run.killed_reason:
-        return run.killed_reason
-    code = run.returncode
-    if code is None:
-        return "" if run.junit else "the pytest process disappeared without a report"
-    if code < 0:
-        sig = _signal_name(code)
-        extra = {
-            "SIGXFSZ": f" (output or a file exceeded {limits.file_size_mb:g} MB: flooding stdout?)",
-            "SIGXCPU": " (CPU time limit exceeded)",
-            "SIGKILL": " (killed: by the submission itself, or out of memory)",
-            "SIGSEGV": " (segmentation fault)",
-        }.get(sig, "")
-        return f"pytest was killed by {sig}{extra}"
-    if code in (0, 1, 5) and run.junit:
-        return ""
-    if code in (2, 3, 4) and run.junit:
-        return f"pytest stopped with exit code {code} (interrupted or usage error)"
-    return f"pytest exited with code {code} without finishing (os._exit() or sys.exit() in the submission?)"
-
-
-def score(
-    rubric: Rubric,
-    parsed: _Parsed,
-    *,
-    cuda: bool,
-    died: str = "",
-    running: str | None = None,
-    file_mb: float = 64.0,
-) -> list[Row]:
-    """Map parsed cases to rubric rows."""
-    rows = []
-    running_key = _nodeid_key(running)[0] if running else None
-    for key, points in rubric.points.items():
-        file = key.split("::")[0]
-        cases = list(parsed.cases.get(key, []))
-        if running_key == key and died:
-            cases.append(_Case(_nodeid_key(running)[1], "died", f"{died} while this test ran"))
-        static_gpu = key in rubric.gpu_tests
-        if not cases:
-            if static_gpu and not cuda:
-                rows.append(
-                    Row(
-                        key,
-                        0.0,
-                        0.0,
-                        "needs GPU",
-                        "needs GPU: not graded without CUDA; excluded from the maximum",
-                    )
-                )
-            elif file in parsed.collect_errors:
-                msg = f"did not run: {file} could not be imported: {parsed.collect_errors[file]}"
-                rows.append(Row(key, 0.0, points, "did not run", _truncate(msg)))
-            else:
-                msg = "did not run" + (f": {died}" if died else "")
-                rows.append(Row(key, 0.0, points, "did not run", _truncate(msg)))
-            continue
-        per_case = points / len(cases)
-        gpu = [
-            c
-            for c in cases
-            if c.outcome == "skipped"
-            and not cuda
-            and (static_gpu or c.message.strip() == NEEDS_GPU_REASON)
-        ]
-        graded = [c for c in cases if c not in gpu]
-        passed = [c for c in graded if c.outcome == "passed"]
-        bad = [c for c in graded if c.outcome != "passed"]
-        max_points = per_case * len(graded)
-        earned = per_case * len(passed)
-        if not graded:
-            rows.append(
-                Row(
-                    key,
-                    0.0,
-                    0.0,
-                    "needs GPU",
-                    "needs GPU: not graded without CUDA; excluded from the maximum",
-                )
-            )
-            continue
-        if not bad:
-            status, message = "passed", ""
-        else:
-            first = bad[0]
-            label = f"[{first.case}] " if first.case else ""
-            if len(passed):
-                status = "partial"
-            elif all(c.outcome == "skipped" for c in bad):
-                status = "skipped"
-            elif first.outcome == "died" and "timed out" in first.message:
-                status = "timeout"
-            elif first.outcome == "died":
-                status = "crashed"
-            else:
-                status = "failed"
-            counts = f"{len(passed)}/{len(graded)} cases passed; " if len(graded) > 1 else ""
-            message = f"{counts}{label}{_first_line(first.message) or first.outcome}"
-            if "File too large" in first.message:
-                message += (
-                    f" (output or a file exceeded the {file_mb:g} MB limit: flooding stdout?)"
-                )
-        if gpu:
-            message = (
-                message + "; " if message else ""
-            ) + f"{len(gpu)} case(s) need a GPU (not counted)"
-        rows.append(Row(key, round(earned, 6), round(max_points, 6), status, _truncate(message)))
-    return rows
-
-
-def _zero(rubric: Rubric, status: str, message: str, cuda: bool) -> list[Row]:
-    rows = []
-    for key, points in rubric.points.items():
-        if key in rubric.gpu_tests and not cuda and status in ("missing", "syntax error"):
-            rows.append(
-                Row(
-                    key,
-                    0.0,
-                    0.0,
-                    "needs GPU",
-                    "needs GPU: not graded without CUDA; excluded from the maximum",
-                )
-            )
-        else:
-            rows.append(Row(key, 0.0, points, status, _truncate(message)))
-    return rows
 
 
 # --------------------------------------------------------------------------- one job

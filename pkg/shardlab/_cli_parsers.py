@@ -1,0 +1,272 @@
+"""Arguments of the ``shardlab`` calculator subcommands (memory, activations, comm, bubble, mesh).
+
+:func:`add_calculator_parsers` adds one sub-parser per calculator to the command line built
+by :func:`shardlab.cli.build_parser`; every option names its unit and default in its help.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from shardlab._cli_commands import _activations, _add_json, _bubble, _comm, _memory, _mesh, _number
+
+
+def add_calculator_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add the memory, activations, comm, bubble and mesh sub-parsers to ``sub``."""
+    from shardlab.accounting.memory import LAYOUTS, RECIPES
+
+    p = sub.add_parser(
+        "memory",
+        help="persistent model state per rank for DDP / ZeRO-1/2/3",
+        description="Per-rank model-state bytes (weights, gradients, master weights, Adam "
+        "moments, accumulation buffer) for each layout; totals in decimal GB (10^9 bytes) "
+        "and GiB (2^30 bytes).",
+    )
+    p.add_argument(
+        "--params",
+        type=_number,
+        required=True,
+        metavar="N",
+        help="number of model parameters N (a count; 7e9 accepted)",
+    )
+    p.add_argument(
+        "--dp",
+        type=_number,
+        default=8,
+        metavar="D",
+        help="data-parallel degree D (ranks; default 8)",
+    )
+    p.add_argument(
+        "--recipe",
+        default="mixed-adam-16",
+        choices=[*RECIPES, "custom"],
+        help="precision recipe (bytes per parameter per object; default "
+        "mixed-adam-16). 'custom' starts from mixed-adam-16; override objects "
+        "with the options below",
+    )
+    p.add_argument(
+        "--layout",
+        default="all",
+        choices=["all", *LAYOUTS],
+        help="show one layout or all (default all)",
+    )
+    for obj in ("weights", "grads", "master", "moment1", "moment2", "grad_accum"):
+        p.add_argument(
+            f"--{obj.replace('_', '-')}",
+            dest=obj,
+            type=_number,
+            metavar="BYTES",
+            help=f"override {obj} bytes per parameter (makes the recipe custom)",
+        )
+    _add_json(p)
+    p.set_defaults(func=_memory)
+
+    # activations -------------------------------------------------------------
+    p = sub.add_parser(
+        "activations",
+        help="saved activation bytes per layer (Korthikanti et al.) for every mode",
+        description="Saved-activation bytes per layer and per L layers for no parallelism, "
+        "TP, TP+SP, TP+SP+selective recompute and full recompute; bytes, MiB (2^20 bytes), "
+        "GiB (2^30 bytes).",
+    )
+    p.add_argument(
+        "--s", type=_number, default=2048, help="sequence length s (tokens; default 2048)"
+    )
+    p.add_argument("--b", type=_number, default=1, help="microbatch size b (sequences; default 1)")
+    p.add_argument(
+        "--h", type=_number, default=4096, help="hidden width h (elements; default 4096)"
+    )
+    p.add_argument("--a", type=_number, default=32, help="attention heads a (count; default 32)")
+    p.add_argument(
+        "--t", type=_number, default=1, help="tensor-parallel degree t (ranks; default 1)"
+    )
+    p.add_argument(
+        "--layers",
+        type=_number,
+        default=1,
+        metavar="L",
+        help="number of transformer layers L (count; default 1)",
+    )
+    _add_json(p)
+    p.set_defaults(func=_activations)
+
+    # comm --------------------------------------------------------------------
+    from shardlab.accounting.comm import ALGOS, COLLECTIVES, STEP_LAYOUTS
+
+    p = sub.add_parser(
+        "comm",
+        help="collective cost under the α–β model, or per-step volume of a DP layout",
+        description="Without --layout/--params: per-rank sent bytes, rounds and α–β time "
+        "T = rounds·α + bytes/β of every collective (ring and tree), --op highlighted. "
+        "With --layout/--params: per-rank sent bytes per optimizer step of DDP and "
+        "ZeRO-1/2/3.",
+    )
+    p.add_argument(
+        "--op",
+        default="all_reduce",
+        choices=COLLECTIVES,
+        help="collective to highlight (default all_reduce)",
+    )
+    p.add_argument(
+        "--bytes",
+        type=_number,
+        default=1e9,
+        metavar="V",
+        help="full tensor size V in bytes (all-gather output, reduce-scatter input, "
+        "all-reduce tensor; default 1e9)",
+    )
+    p.add_argument(
+        "--ranks", type=_number, default=8, metavar="D", help="group size D (ranks; default 8)"
+    )
+    p.add_argument(
+        "--alpha-us",
+        type=_number,
+        default=5.0,
+        metavar="US",
+        help="latency α per round in microseconds (default 5)",
+    )
+    p.add_argument(
+        "--beta-gbps",
+        type=_number,
+        default=100.0,
+        metavar="GBPS",
+        help="bandwidth β in GB/s, 10^9 bytes per second (default 100)",
+    )
+    p.add_argument(
+        "--algo",
+        default="ring",
+        choices=ALGOS,
+        help="algorithm for the summary line (default ring; the table shows both)",
+    )
+    p.add_argument(
+        "--layout",
+        choices=STEP_LAYOUTS,
+        default=None,
+        help="data-parallel layout to highlight in the per-step volume table",
+    )
+    p.add_argument(
+        "--params",
+        type=_number,
+        default=None,
+        metavar="N",
+        help="number of parameters N (a count; selects the per-step volume table)",
+    )
+    p.add_argument(
+        "--dp",
+        type=_number,
+        default=None,
+        metavar="D",
+        help="data-parallel degree D (ranks; default --ranks)",
+    )
+    p.add_argument(
+        "--q",
+        type=_number,
+        default=2,
+        metavar="BYTES",
+        help="bytes per communicated element q (default 2, bf16)",
+    )
+    p.add_argument(
+        "--microbatches",
+        type=_number,
+        default=1,
+        metavar="M",
+        help="accumulated microbatches per optimizer update (count; default 1)",
+    )
+    p.add_argument(
+        "--no-sync",
+        action="store_true",
+        help="reduce gradients once per update instead of every microbatch",
+    )
+    _add_json(p)
+    p.set_defaults(func=_comm)
+
+    # bubble ------------------------------------------------------------------
+    from shardlab.widgets.pipeline import SCHEDULE_CHOICES
+
+    p = sub.add_parser(
+        "bubble",
+        help="pipeline bubble fractions and a simulated schedule",
+        description="Closed-form bubble/useful ratio, idle fraction and utilization, and "
+        "the simulated makespan, per-stage idle time and peak in-flight microbatches of "
+        "the generated schedule. Costs are in arbitrary time units (one forward = 1).",
+    )
+    p.add_argument(
+        "--stages", type=_number, required=True, metavar="P", help="pipeline stages p (ranks)"
+    )
+    p.add_argument(
+        "--microbatches",
+        type=_number,
+        required=True,
+        metavar="M",
+        help="microbatches m per step (count)",
+    )
+    p.add_argument(
+        "--schedule",
+        default="1f1b",
+        choices=SCHEDULE_CHOICES,
+        help="schedule to simulate (default 1f1b; 1f1b with --chunks > 1 means interleaved 1F1B)",
+    )
+    p.add_argument(
+        "--chunks",
+        type=_number,
+        default=1,
+        metavar="V",
+        help="model chunks v per rank for interleaving (count; default 1)",
+    )
+    for kind, default, what in (
+        ("f", 1, "one forward"),
+        ("b", 2, "one full backward"),
+        ("bi", 1, "an input-gradient backward, zero-bubble"),
+        ("bw", 1, "a weight-gradient backward, zero-bubble"),
+    ):
+        p.add_argument(
+            f"--cost-{kind}",
+            type=_number,
+            default=default,
+            metavar="T",
+            help=f"time of {what} (time units; default {default})",
+        )
+    _add_json(p)
+    p.set_defaults(func=_bubble)
+
+    # mesh --------------------------------------------------------------------
+    p = sub.add_parser(
+        "mesh",
+        help="device mesh G = dp·tp·pp·cp: checks, rank coordinates and groups",
+        description="Checks G = D·t·p·c, lists the process groups per axis (tp innermost) and "
+        "looks up a rank's coordinates and group members.",
+    )
+    p.add_argument(
+        "--gpus",
+        type=_number,
+        required=True,
+        metavar="G",
+        help="total number of GPUs / ranks G (count)",
+    )
+    p.add_argument(
+        "--tp", type=_number, default=1, help="tensor-parallel degree t (ranks; default 1)"
+    )
+    p.add_argument(
+        "--cp", type=_number, default=1, help="context-parallel degree c (ranks; default 1)"
+    )
+    p.add_argument(
+        "--pp", type=_number, default=1, help="pipeline-parallel degree p (ranks; default 1)"
+    )
+    p.add_argument(
+        "--dp", type=_number, default=None, help="data-parallel degree D (ranks; default G/(t·c·p))"
+    )
+    p.add_argument("--rank", type=_number, default=None, help="global rank to look up (0 .. G-1)")
+    p.add_argument(
+        "--ep",
+        type=_number,
+        default=None,
+        help="MoE expert-parallel degree for parallel folding (ranks; optional)",
+    )
+    p.add_argument(
+        "--etp",
+        type=_number,
+        default=1,
+        help="MoE expert tensor-parallel degree for folding (ranks; default 1)",
+    )
+    _add_json(p)
+    p.set_defaults(func=_mesh)

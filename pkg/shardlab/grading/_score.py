@@ -1,0 +1,159 @@
+"""Turn parsed test cases into rubric rows: points, status and a one-line message each.
+
+Also says why pytest did not finish (:func:`_death_note`) and builds the all-zero rows of a
+lab that could not run (:func:`_zero`).
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from ._junit import _Case, _nodeid_key, _Parsed
+from ._runner import NEEDS_GPU_REASON
+from .rubric import Rubric
+from .sandbox import Limits, RunResult
+
+MESSAGE_CHARS = 400
+_NEEDS_GPU = "needs GPU: not graded without CUDA; excluded from the maximum"
+
+
+@dataclass
+class Row:
+    test: str
+    points: float
+    max_points: float
+    status: str
+    message: str = ""
+
+
+def _needs_gpu_row(key: str) -> Row:
+    """A GPU test graded without CUDA: no points, and not counted in the maximum."""
+    return Row(key, 0.0, 0.0, "needs GPU", _NEEDS_GPU)
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def _truncate(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """First non-empty line, whitespace collapsed, at most ``limit`` characters."""
+    lines = [line for line in str(text).splitlines() if line.strip()]
+    text = " ".join(lines[0].split()) if lines else ""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _death_note(run: RunResult, limits: Limits) -> str:
+    """Why pytest did not finish normally ('' when it did)."""
+    if run.timed_out:
+        return f"timed out after {limits.timeout:g} s (wall clock); the submission hangs or is too slow"
+    if run.killed_reason:
+        return run.killed_reason
+    code = run.returncode
+    if code is None:
+        return "" if run.junit else "the pytest process disappeared without a report"
+    if code < 0:
+        sig = _signal_name(code)
+        extra = {
+            "SIGXFSZ": f" (output or a file exceeded {limits.file_size_mb:g} MB: flooding stdout?)",
+            "SIGXCPU": " (CPU time limit exceeded)",
+            "SIGKILL": " (killed: by the submission itself, or out of memory)",
+            "SIGSEGV": " (segmentation fault)",
+        }.get(sig, "")
+        return f"pytest was killed by {sig}{extra}"
+    if code in (0, 1, 5) and run.junit:
+        return ""
+    if code in (2, 3, 4) and run.junit:
+        return f"pytest stopped with exit code {code} (interrupted or usage error)"
+    return f"pytest exited with code {code} without finishing (os._exit() or sys.exit() in the submission?)"
+
+
+def score(
+    rubric: Rubric,
+    parsed: _Parsed,
+    *,
+    cuda: bool,
+    died: str = "",
+    running: str | None = None,
+    file_mb: float = 64.0,
+) -> list[Row]:
+    """Map parsed cases to rubric rows."""
+    rows = []
+    running_key = _nodeid_key(running)[0] if running else None
+    for key, points in rubric.points.items():
+        file = key.split("::")[0]
+        cases = list(parsed.cases.get(key, []))
+        if running_key == key and died:
+            cases.append(_Case(_nodeid_key(running)[1], "died", f"{died} while this test ran"))
+        static_gpu = key in rubric.gpu_tests
+        if not cases:
+            if static_gpu and not cuda:
+                rows.append(_needs_gpu_row(key))
+            elif file in parsed.collect_errors:
+                msg = f"did not run: {file} could not be imported: {parsed.collect_errors[file]}"
+                rows.append(Row(key, 0.0, points, "did not run", _truncate(msg)))
+            else:
+                msg = "did not run" + (f": {died}" if died else "")
+                rows.append(Row(key, 0.0, points, "did not run", _truncate(msg)))
+            continue
+        per_case = points / len(cases)
+        gpu = [
+            c
+            for c in cases
+            if c.outcome == "skipped"
+            and not cuda
+            and (static_gpu or c.message.strip() == NEEDS_GPU_REASON)
+        ]
+        graded = [c for c in cases if c not in gpu]
+        passed = [c for c in graded if c.outcome == "passed"]
+        bad = [c for c in graded if c.outcome != "passed"]
+        max_points = per_case * len(graded)
+        earned = per_case * len(passed)
+        if not graded:
+            rows.append(_needs_gpu_row(key))
+            continue
+        if not bad:
+            status, message = "passed", ""
+        else:
+            first = bad[0]
+            label = f"[{first.case}] " if first.case else ""
+            if len(passed):
+                status = "partial"
+            elif all(c.outcome == "skipped" for c in bad):
+                status = "skipped"
+            elif first.outcome == "died" and "timed out" in first.message:
+                status = "timeout"
+            elif first.outcome == "died":
+                status = "crashed"
+            else:
+                status = "failed"
+            counts = f"{len(passed)}/{len(graded)} cases passed; " if len(graded) > 1 else ""
+            message = f"{counts}{label}{_first_line(first.message) or first.outcome}"
+            if "File too large" in first.message:
+                message += (
+                    f" (output or a file exceeded the {file_mb:g} MB limit: flooding stdout?)"
+                )
+        if gpu:
+            message = (
+                message + "; " if message else ""
+            ) + f"{len(gpu)} case(s) need a GPU (not counted)"
+        rows.append(Row(key, round(earned, 6), round(max_points, 6), status, _truncate(message)))
+    return rows
+
+
+def _zero(rubric: Rubric, status: str, message: str, cuda: bool) -> list[Row]:
+    rows = []
+    for key, points in rubric.points.items():
+        if key in rubric.gpu_tests and not cuda and status in ("missing", "syntax error"):
+            rows.append(_needs_gpu_row(key))
+        else:
+            rows.append(Row(key, 0.0, points, status, _truncate(message)))
+    return rows
