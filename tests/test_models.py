@@ -1,10 +1,23 @@
-"""shardlab.models: config validation, deterministic init, shapes, learnability."""
+"""shardlab.models: config validation, deterministic init, shapes, learnability; the labs'
+tiny-GPT setup (tiny_gpt, step_batch, rank_slice, split_microbatches, lm_loss, make_optimizer)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from shardlab.models import GPT, GPTConfig, make_batch
+from shardlab.models import (
+    GPT,
+    OPTIMIZERS,
+    SIZES,
+    GPTConfig,
+    lm_loss,
+    make_batch,
+    make_optimizer,
+    rank_slice,
+    split_microbatches,
+    step_batch,
+    tiny_gpt,
+)
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, n_layer=2, n_head=2, d_model=16)
 
@@ -61,3 +74,71 @@ def test_forward_shapes_loss_and_learning():
     assert loss.item() < first - 0.5
     with pytest.raises(ValueError, match="exceeds config.seq_len=8"):
         m(torch.zeros(1, 9, dtype=torch.long))
+
+
+def _trainable(m):
+    return {n for n, p in m.named_parameters() if p.requires_grad}
+
+
+def test_tiny_gpt_kinds_and_sizes():
+    plain = tiny_gpt("plain")
+    assert plain.config == GPTConfig(**SIZES["small"])
+    every = _trainable(plain)
+    tied = tiny_gpt("tied")
+    assert tied.lm_head.weight is tied.tok_emb.weight
+    assert every - _trainable(tiny_gpt("frozen")) == {"pos_emb.weight"}
+    assert every - _trainable(tiny_gpt("frozen-ln1")) == {
+        "pos_emb.weight", "blocks.0.ln1.weight", "blocks.0.ln1.bias",
+    }  # fmt: skip
+    assert _trainable(tiny_gpt("two")) == {"lm_head.weight", "ln_f.bias"}
+    assert tiny_gpt("odd").config == GPTConfig(**SIZES["odd"])
+    assert _trainable(tiny_gpt("odd")) == _trainable(tiny_gpt("plain", size="odd"))
+    big = tiny_gpt("plain", size="two-block", d_model=16, n_layer=3)
+    assert (big.config.d_model, big.config.n_layer, big.config.vocab_size) == (16, 3, 37)
+    a, b = tiny_gpt("plain", seed=3), tiny_gpt("plain", seed=3)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    with pytest.raises(ValueError, match="kind='nope'"):
+        tiny_gpt("nope")
+    with pytest.raises(ValueError, match="size='huge'"):
+        tiny_gpt("plain", size="huge")
+
+
+def test_make_optimizer_skips_frozen():
+    m = tiny_gpt("frozen")
+    o = make_optimizer("adamw", m.parameters())
+    assert isinstance(o, OPTIMIZERS["adamw"][0]) and o.defaults["lr"] == 1e-2
+    stepped = {id(p) for g in o.param_groups for p in g["params"]}
+    assert id(m.pos_emb.weight) not in stepped and len(stepped) == len(_trainable(m))
+    with pytest.raises(ValueError, match="name='lion'"):
+        make_optimizer("lion", m.parameters())
+
+
+def test_batches_slices_and_microbatches():
+    c = tiny_gpt().config
+    x, y = step_batch(c, 2)
+    assert x.shape == (24, c.seq_len)
+    assert all(torch.equal(a, b) for a, b in zip((x, y), make_batch(c, 24, seed=1002)))
+    parts = [rank_slice((x, y), r, 4) for r in range(4)]
+    assert torch.equal(torch.cat([p[0] for p in parts]), x)
+    assert torch.equal(rank_slice(y, 1, 3), y[8:16])
+    mbs = split_microbatches(parts[0], 2)
+    assert len(mbs) == 2 and torch.equal(torch.cat([m[1] for m in mbs]), parts[0][1])
+    with pytest.raises(ValueError, match="does not divide by world=5"):
+        rank_slice(x, 0, 5)
+    with pytest.raises(ValueError, match="rank=2"):
+        rank_slice(x, 2, 2)
+    with pytest.raises(ValueError, match="m=0"):
+        split_microbatches((x, y), 0)
+
+
+def test_lm_loss_equals_model_loss_bitwise():
+    a, b = tiny_gpt("tied"), tiny_gpt("tied")
+    x, y = step_batch(a.config, 0)
+    la, lb = lm_loss(a, x, y), b(x, y)[1]
+    assert torch.equal(la, lb)
+    la.backward()
+    lb.backward()
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    low = tiny_gpt().to(torch.bfloat16)
+    assert lm_loss(low, x, y).dtype == torch.float32

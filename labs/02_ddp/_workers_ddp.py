@@ -1,8 +1,8 @@
 """Functions run on every rank by the DDP tests, notebook and benchmark (importable by name).
 
-Model and data: the package's tiny GPT (:mod:`shardlab.models`) in four variants, plain,
-``tied`` (token embedding = LM head), ``frozen`` (position embedding fixed) and ``odd``
-(sizes that do not divide by 2, 3 or 4), and ``make_batch`` token batches.
+Model, data, loss and optimizers: :mod:`shardlab.models.tiny` (``tiny_gpt`` in the variants
+``plain``, ``tied``, ``frozen`` and ``odd``; ``step_batch`` global batches, ``rank_slice`` of
+them per rank; ``lm_loss``; AdamW and SGD).
 """
 
 from __future__ import annotations
@@ -12,50 +12,20 @@ import traceback
 import torch
 import torch.distributed as dist
 from ddp import DDP
-from shardlab.models import GPT, GPTConfig, make_batch
+from shardlab.models import (
+    lm_loss,
+    make_optimizer,
+    rank_slice,
+    split_microbatches,
+    step_batch,
+    tiny_gpt,
+    train_step,
+)
+from shardlab.models import predicted_step_peak as predicted_peak  # noqa: F401 (tests, notebook)
 from torch import nn
 
-GLOBAL_BATCH = 24  # divisible by 2, 3, 4 ranks and by 2 microbatches per rank
 STEPS = 3
-CONFIGS = {
-    "small": dict(vocab_size=16, seq_len=8, n_layer=1, n_head=2, d_model=8),
-    "odd": dict(vocab_size=13, seq_len=7, n_layer=1, n_head=2, d_model=6, d_ff=11),
-    # profiling and benchmarking: big enough that the model state is most of the memory
-    "profile": dict(vocab_size=256, seq_len=16, n_layer=2, n_head=2, d_model=32),
-    "bench": dict(vocab_size=256, seq_len=32, n_layer=4, n_head=4, d_model=128),
-}
-
-
-def make_model(kind: str = "plain", seed: int = 0, size: str | None = None) -> nn.Module:
-    """Tiny GPT: "plain", "tied" (tok_emb = lm_head), "frozen" (pos_emb fixed), "odd"."""
-    cfg = GPTConfig(**CONFIGS[size or ("odd" if kind == "odd" else "small")],
-                    tied_embeddings=kind == "tied")  # fmt: skip
-    model = GPT(cfg, seed=seed)
-    if kind == "frozen":
-        model.pos_emb.requires_grad_(False)
-    return model
-
-
-def batch(model: nn.Module, step: int, n: int = GLOBAL_BATCH):
-    """Global batch ``(idx, targets)`` of step ``step`` (the same on every rank)."""
-    return make_batch(model.config, n, seed=1000 + step)
-
-
-def local(xy, group=None):
-    """This rank's contiguous slice of a global ``(idx, targets)`` batch."""
-    r, d = dist.get_rank(group), dist.get_world_size(group)
-    return tuple(t.chunk(d)[r] for t in xy)
-
-
-def loss_of(model, xy) -> torch.Tensor:
-    return model(*xy)[1]
-
-
-def make_opt(name: str, params):
-    params = [p for p in params if p.requires_grad]
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
-    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+make_model = tiny_gpt  # the name tests and the benchmark import
 
 
 def state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -64,29 +34,29 @@ def state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def reference(kind: str, opt: str, steps: int = STEPS) -> dict[str, torch.Tensor]:
     """Single process, full global batch, same seeds."""
-    model = make_model(kind)
-    o = make_opt(opt, model.parameters())
+    model = tiny_gpt(kind)
+    o = make_optimizer(opt, model.parameters())
     for s in range(steps):
         o.zero_grad()
-        loss_of(model, batch(model, s)).backward()
+        lm_loss(model, *step_batch(model.config, s)).backward()
         o.step()
     return state(model)
 
 
 def train_ddp(kind, opt, bucket_size_mb=None, microbatches=1, steps=STEPS):
     """Train with the from-scratch DDP. Ranks start from *different* seeds (checks broadcast)."""
-    model = make_model(kind, seed=dist.get_rank())
+    model = tiny_gpt(kind, seed=dist.get_rank())
     ddp = DDP(model, bucket_size_mb=bucket_size_mb)
-    o = make_opt(opt, ddp.parameters())
+    o = make_optimizer(opt, ddp.parameters())
     for s in range(steps):
         o.zero_grad()
-        chunks = list(zip(*(t.chunk(microbatches) for t in local(batch(model, s)))))
+        chunks = split_microbatches(rank_slice(step_batch(model.config, s)), microbatches)
         for i, xy in enumerate(chunks):
             if i < len(chunks) - 1:
                 with ddp.no_sync():
-                    (loss_of(ddp, xy) / len(chunks)).backward()
+                    (lm_loss(ddp, *xy) / len(chunks)).backward()
             else:
-                (loss_of(ddp, xy) / len(chunks)).backward()
+                (lm_loss(ddp, *xy) / len(chunks)).backward()
         ddp.finish_gradient_synchronization()
         o.step()
     return state(model)
@@ -95,12 +65,12 @@ def train_ddp(kind, opt, bucket_size_mb=None, microbatches=1, steps=STEPS):
 def train_torch_ddp(kind, opt, steps=STEPS):
     from torch.nn.parallel import DistributedDataParallel
 
-    model = make_model(kind, seed=dist.get_rank())
+    model = tiny_gpt(kind, seed=dist.get_rank())
     ddp = DistributedDataParallel(model)
-    o = make_opt(opt, ddp.parameters())
+    o = make_optimizer(opt, ddp.parameters())
     for s in range(steps):
         o.zero_grad()
-        loss_of(ddp, local(batch(model, s))).backward()
+        lm_loss(ddp, *rank_slice(step_batch(model.config, s))).backward()
         o.step()
     return state(model)
 
@@ -171,20 +141,20 @@ def measure(kind: str = "plain", bucket_size_mb: float | None = 0.001, microbatc
     from shardlab.dist import CommTrace
 
     torch.set_num_threads(1)
-    model = make_model(kind)
+    model = tiny_gpt(kind)
     ddp = DDP(model, bucket_size_mb=bucket_size_mb)
-    opt = make_opt("adamw", ddp.parameters())
+    opt = make_optimizer("adamw", ddp.parameters())
     out: dict = {"n_params": sum(p.numel() for p in ddp.params)}
-    xy = local(batch(model, 0))
+    xy = rank_slice(step_batch(model.config, 0))
     with CommTrace() as tr:
         opt.zero_grad()
-        loss_of(ddp, xy).backward()
+        lm_loss(ddp, *xy).backward()
         ddp.finish_gradient_synchronization()
         opt.step()
     out["step_sent"] = tr.sent_bytes()
     out["step_ops"] = sorted({r.op for r in tr.records})
     out["state"] = model_state_bytes(model, opt)  # after step, before zero_grad: all alive
-    chunks = list(zip(*(t.chunk(microbatches) for t in xy)))
+    chunks = split_microbatches(xy, microbatches)
     out["microbatches"] = len(chunks)
     for sync in (True, False):
         with CommTrace() as tr:
@@ -192,11 +162,11 @@ def measure(kind: str = "plain", bucket_size_mb: float | None = 0.001, microbatc
             for i, c in enumerate(chunks):
                 last = i == len(chunks) - 1
                 if sync or last:
-                    (loss_of(ddp, c) / len(chunks)).backward()
+                    (lm_loss(ddp, *c) / len(chunks)).backward()
                     ddp.finish_gradient_synchronization()
                 else:
                     with ddp.no_sync():
-                        (loss_of(ddp, c) / len(chunks)).backward()
+                        (lm_loss(ddp, *c) / len(chunks)).backward()
             opt.step()
         out[f"accum_sent_sync={sync}"] = tr.sent_bytes()
     return out
@@ -220,19 +190,11 @@ PROFILE_BUCKET_MB = 0.02
 def _build(impl: str, size: str, bucket_size_mb: float):
     from torch.nn.parallel import DistributedDataParallel
 
-    model = make_model("plain", size=size)
+    model = tiny_gpt("plain", size=size)
     if impl == "mine":
         w = DDP(model, bucket_size_mb=bucket_size_mb)
         return model, w, w.finish_gradient_synchronization
     return model, DistributedDataParallel(model, bucket_cap_mb=bucket_size_mb), None
-
-
-def _step(model, opt, xy, finish=None):
-    opt.zero_grad()
-    loss_of(model, xy).backward()
-    if finish is not None:
-        finish()
-    opt.step()
 
 
 def profile_step(
@@ -246,26 +208,19 @@ def profile_step(
     tensor AdamW steps) and ``logits`` (bytes of one ``(b, s, V)`` fp32 tensor of this
     rank's batch).
     """
-    from shardlab.dist import MemoryTrace, phase
+    from shardlab.dist import MemoryTrace
 
     torch.set_num_threads(1)
     model, wrapped, finish = _build(impl, size, bucket_size_mb)
-    opt = make_opt("adamw", model.parameters())
-    xy = local(batch(model, 0, n))
-    _step(wrapped, opt, xy, finish)  # creates the AdamW state
+    opt = make_optimizer("adamw", model.parameters())
+    xy = rank_slice(step_batch(model.config, 0, n))
+    train_step(wrapped, opt, xy, finish)  # creates the AdamW state
     opt.zero_grad(set_to_none=True)
     with MemoryTrace() as mt:
         mt.watch(model, opt)
         if impl == "mine":  # the buckets are the gradients; allocated before the trace
             mt.tag([b.buffer for b in wrapped._buckets], "gradients")
-        with phase("forward"):
-            loss = loss_of(wrapped, xy)
-        with phase("backward"):
-            loss.backward()
-            if finish is not None:
-                finish()
-        with phase("optimizer"):
-            opt.step()
+        train_step(wrapped, opt, xy, finish)  # in phases forward, backward, optimizer
     c = model.config
     n = sum(p.numel() for p in model.parameters())
     return {
@@ -285,14 +240,14 @@ def benchmark(steps: int = 20, warmup: int = 3, bucket_size_mb: float = 25.0) ->
 
     torch.set_num_threads(1)
     runs = {impl: _build(impl, "bench", bucket_size_mb) for impl in ("mine", "torch")}
-    opts = {impl: make_opt("adamw", runs[impl][0].parameters()) for impl in runs}
-    xy = local(batch(runs["mine"][0], 0, 8))
+    opts = {impl: make_optimizer("adamw", runs[impl][0].parameters()) for impl in runs}
+    xy = rank_slice(step_batch(runs["mine"][0].config, 0, 8))
     times: dict = {impl: [] for impl in runs}
     for i in range(warmup + steps):
         for impl, (_, w, finish) in runs.items():  # interleaved: both see the same noise
             dist.barrier()
             t0 = time.perf_counter()
-            _step(w, opts[impl], xy, finish)
+            train_step(w, opts[impl], xy, finish)
             if i >= warmup:
                 times[impl].append(time.perf_counter() - t0)
     out = {impl: {"step_s": statistics.median(ts)} for impl, ts in times.items()}
@@ -306,23 +261,3 @@ def benchmark(steps: int = 20, warmup: int = 3, bucket_size_mb: float = 25.0) ->
     for impl in ("mine", "torch"):
         out[impl]["peak"] = profile_step(impl, "bench", bucket_size_mb, 8)["timeline"].peak
     return out
-
-
-def predicted_peak(prof: dict, layout: str, dp: int):
-    """Predicted peak for a :func:`profile_step` result (fp32 AdamW, CPU), every term from a
-    formula except the saved activations, which are the trace's largest ``activations``:
-
-    * persistent: ``model_state(n_state, dp, layout, "fp32")``;
-    * start of backward: + activations + ``logits_workspace`` (gradients of the
-      log-probabilities and of the logits, ``2 b s V q``);
-    * ``optimizer.step()``: + ``adam_workspace`` of the tensors this rank steps
-      (single-tensor AdamW on CPU: two temporaries the size of the largest one).
-    """
-    from shardlab.accounting.peak import adam_workspace, predict_layout_peak
-
-    return predict_layout_peak(
-        prof["n_state"], dp, layout, "fp32",
-        activation_bytes=max(prof["timeline"].bytes["activations"]),
-        backward_workspace_bytes=2 * prof["logits"],  # = logits_workspace(b, s, V, 4)
-        optimizer_workspace_bytes=adam_workspace(prof["stepped"]),
-    )  # fmt: skip

@@ -1,6 +1,6 @@
 """From-scratch DDP vs torch.nn.parallel.DistributedDataParallel, one 2-rank launch on CPU.
 
-Same model (the package's GPT, ``bench`` size in ``_workers_ddp.CONFIGS``), same data, same
+Same model (the package's GPT, ``bench`` size in ``shardlab.models.SIZES``), same data, same
 25 MB buckets, AdamW. Step time: median over 20 steps after 3 warm-up steps, the two
 implementations alternating step by step so both see the same machine noise
 (``_workers_ddp.benchmark``). Prints a table per rank and the ratios from scratch / PyTorch
@@ -35,27 +35,35 @@ from shardlab.dist import launch  # noqa: E402
 def peaks(size: str = "bench", bucket_size_mb: float = 25.0, n: int = 8) -> dict:
     """Rank function: peak bytes of one step for each side, built inside both meters."""
     import torch
-    from _workers_ddp import DDP, _step, batch, local, loss_of, make_model, make_opt
+    from _workers_ddp import DDP
     from shardlab.dist import MemoryTrace, phase
+    from shardlab.models import (
+        lm_loss,
+        make_optimizer,
+        rank_slice,
+        step_batch,
+        tiny_gpt,
+        train_step,
+    )
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
     out = {}
     for impl in ("mine", "torch"):
         with MemoryTrace() as mt:
-            model = make_model("plain", size=size)
-            opt = make_opt("adamw", model.parameters())
+            model = tiny_gpt("plain", size=size)
+            opt = make_optimizer("adamw", model.parameters())
             mt.watch(model, opt)
             if impl == "mine":
                 w = DDP(model, bucket_size_mb=bucket_size_mb)
                 finish = w.finish_gradient_synchronization
             else:  # the Reducer allocates its flat bucket here, inside the trace
                 w, finish = DistributedDataParallel(model, bucket_cap_mb=bucket_size_mb), None
-            xy = local(batch(model, 0, n))
-            _step(w, opt, xy, finish)  # warm-up: AdamW state (and any bucket rebuild)
+            xy = rank_slice(step_batch(model.config, 0, n))
+            train_step(w, opt, xy, finish)  # warm-up: AdamW state (and any bucket rebuild)
             opt.zero_grad(set_to_none=True)
             with phase("measured"):
-                loss_of(w, xy).backward()
+                lm_loss(w, *xy).backward()
                 if finish is not None:
                     finish()
                 opt.step()

@@ -1,8 +1,8 @@
 """Functions run on every rank by the ZeRO tests, notebook and benchmark (importable by name).
 
-Model and data: the package's tiny GPT (:mod:`shardlab.models`) in the variants of the DDP
-lab (plain, ``tied``, ``frozen``, ``odd``) plus ``two`` (two trainable tensors), and
-``make_batch`` token batches.
+Model, data, loss and optimizers: :mod:`shardlab.models.tiny` (``tiny_gpt`` in the variants
+``plain``, ``tied``, ``frozen``, ``odd`` and ``two`` (two trainable tensors); ``step_batch``
+global batches, ``rank_slice`` of them per rank; ``lm_loss``; AdamW and SGD).
 """
 
 from __future__ import annotations
@@ -11,58 +11,22 @@ import traceback
 
 import torch
 import torch.distributed as dist
-from shardlab.models import GPT, GPTConfig, make_batch
+from shardlab.models import (
+    OPTIMIZERS,
+    lm_loss,
+    rank_slice,
+    split_microbatches,
+    step_batch,
+    tiny_gpt,
+    train_step,
+)
+from shardlab.models import predicted_step_peak as predicted_peak  # noqa: F401 (tests, notebook)
 from torch import nn
-from zero import ShardedOptimizer, ZeRO2
+from zero1 import ShardedOptimizer
+from zero2 import ZeRO2
 
-GLOBAL_BATCH = 24  # divisible by 2, 3, 4 ranks and by 2 microbatches per rank
 STEPS = 3
-CONFIGS = {
-    "small": dict(vocab_size=16, seq_len=8, n_layer=1, n_head=2, d_model=8),
-    "odd": dict(vocab_size=13, seq_len=7, n_layer=1, n_head=2, d_model=6, d_ff=11),
-    "profile": dict(vocab_size=256, seq_len=16, n_layer=2, n_head=2, d_model=32),
-    "bench": dict(vocab_size=256, seq_len=32, n_layer=4, n_head=4, d_model=128),
-}
-
-
-def make_model(kind: str = "plain", seed: int = 0, size: str | None = None) -> nn.Module:
-    """Tiny GPT: "plain", "tied" (tok_emb = lm_head), "frozen" (pos_emb fixed), "odd" sizes,
-    "two" (only lm_head.weight and ln_f.bias train: on 3 ranks one rank owns nothing)."""
-    cfg = GPTConfig(**CONFIGS[size or ("odd" if kind == "odd" else "small")],
-                    tied_embeddings=kind == "tied")  # fmt: skip
-    model = GPT(cfg, seed=seed)
-    if kind == "frozen":
-        model.pos_emb.requires_grad_(False)
-    if kind == "two":
-        model.requires_grad_(False)
-        model.lm_head.weight.requires_grad_(True)
-        model.ln_f.bias.requires_grad_(True)
-    return model
-
-
-def batch(model: nn.Module, step: int, n: int = GLOBAL_BATCH):
-    """Global batch ``(idx, targets)`` of step ``step`` (the same on every rank)."""
-    return make_batch(model.config, n, seed=1000 + step)
-
-
-def local(xy, group=None):
-    """This rank's contiguous slice of a global ``(idx, targets)`` batch."""
-    r, d = dist.get_rank(group), dist.get_world_size(group)
-    return tuple(t.chunk(d)[r] for t in xy)
-
-
-def loss_of(model, xy) -> torch.Tensor:
-    return model(*xy)[1]
-
-
-def microbatches_of(xy, m: int) -> list:
-    return list(zip(*(t.chunk(m) for t in xy)))
-
-
-OPTS = {
-    "adamw": (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}),
-    "sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
-}
+make_model = tiny_gpt  # the name callers import
 
 
 def param_groups(model: nn.Module, groups: bool):
@@ -82,41 +46,43 @@ def state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def reference(kind: str, opt: str, groups: bool = False, steps: int = STEPS, microbatches=1):
     """Single process, full global batch, plain ``optimizer_cls``."""
-    model = make_model(kind)
-    cls, kw = OPTS[opt]
+    model = tiny_gpt(kind)
+    cls, kw = OPTIMIZERS[opt]
     o = cls(param_groups(model, groups), **kw)
     for s in range(steps):
         o.zero_grad()
-        for xy in microbatches_of(batch(model, s), microbatches):
-            (loss_of(model, xy) / microbatches).backward()
+        for xy in split_microbatches(step_batch(model.config, s), microbatches):
+            (lm_loss(model, *xy) / microbatches).backward()
         o.step()
     return state(model)
 
 
 def train_zero1(kind, opt, groups=False, steps=STEPS, group=None):
-    model = make_model(kind)  # same seed everywhere: ShardedOptimizer does not broadcast
-    cls, kw = OPTS[opt]
+    model = tiny_gpt(kind)  # same seed everywhere: ShardedOptimizer does not broadcast
+    cls, kw = OPTIMIZERS[opt]
     o = ShardedOptimizer(param_groups(model, groups), cls, group=group, **kw)
     for s in range(steps):
         o.zero_grad()
-        loss_of(model, local(batch(model, s), group)).backward()
+        lm_loss(model, *rank_slice(step_batch(model.config, s), group=group)).backward()
         o.step()
     return state(model)
 
 
 def train_zero2(kind, opt, bucket_size_mb=0.0005, microbatches=1, steps=STEPS, group=None):
-    model = make_model(kind, seed=dist.get_rank())  # different seeds: checks the broadcast
-    cls, kw = OPTS[opt]
+    model = tiny_gpt(kind, seed=dist.get_rank())  # different seeds: checks the broadcast
+    cls, kw = OPTIMIZERS[opt]
     z = ZeRO2(model, cls, bucket_size_mb=bucket_size_mb, group=group, **kw)
     for s in range(steps):
         z.zero_grad()
-        chunks = microbatches_of(local(batch(model, s), group), microbatches)
+        chunks = split_microbatches(
+            rank_slice(step_batch(model.config, s), group=group), microbatches
+        )
         for i, xy in enumerate(chunks):
             if i < len(chunks) - 1:
                 with z.no_sync():
-                    (loss_of(z, xy) / len(chunks)).backward()
+                    (lm_loss(z, *xy) / len(chunks)).backward()
             else:
-                (loss_of(z, xy) / len(chunks)).backward()
+                (lm_loss(z, *xy) / len(chunks)).backward()
         z.finish_gradient_synchronization()
         z.step()
     return state(model)
@@ -127,14 +93,14 @@ def train_torch(kind, opt, zero: bool, steps=STEPS):
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
 
-    model = make_model(kind)
+    model = tiny_gpt(kind)
     ddp = DistributedDataParallel(model)
-    cls, kw = OPTS[opt]
+    cls, kw = OPTIMIZERS[opt]
     ps = [p for p in ddp.parameters() if p.requires_grad]
     o = ZeroRedundancyOptimizer(ps, cls, **kw) if zero else cls(ps, **kw)
     for s in range(steps):
         o.zero_grad()
-        loss_of(ddp, local(batch(model, s))).backward()
+        lm_loss(ddp, *rank_slice(step_batch(model.config, s))).backward()
         o.step()
     return state(model)
 
@@ -202,17 +168,17 @@ def measure(kind: str = "plain", bucket_size_mb: float = 0.001, microbatches: in
     from shardlab.dist import CommTrace
 
     torch.set_num_threads(1)
-    cls, kw = OPTS["adamw"]
-    model = make_model(kind)
-    xy = local(batch(model, 0))
-    chunks = microbatches_of(xy, microbatches)
+    cls, kw = OPTIMIZERS["adamw"]
+    model = tiny_gpt(kind)
+    xy = rank_slice(step_batch(model.config, 0))
+    chunks = split_microbatches(xy, microbatches)
     out: dict = {"microbatches": len(chunks)}
 
     # ZeRO-1
     o = ShardedOptimizer([p for p in model.parameters() if p.requires_grad], cls, **kw)
     with CommTrace() as tr:
         o.zero_grad()
-        loss_of(model, xy).backward()
+        lm_loss(model, *xy).backward()
         o.step()
     params = [p for p in model.parameters() if p.requires_grad]
     out["zero1"] = {
@@ -230,16 +196,16 @@ def measure(kind: str = "plain", bucket_size_mb: float = 0.001, microbatches: in
     with CommTrace() as tr:  # accumulate locally, reduce once in step()
         o.zero_grad()
         for c in chunks:
-            (loss_of(model, c) / len(chunks)).backward()
+            (lm_loss(model, *c) / len(chunks)).backward()
         o.step()
     out["zero1"]["accum_sent_sync=False"] = tr.sent_bytes()
 
     # ZeRO-2
-    model = make_model(kind)
+    model = tiny_gpt(kind)
     z = ZeRO2(model, cls, bucket_size_mb=bucket_size_mb, **kw)
     with CommTrace() as tr:
         z.zero_grad()
-        loss_of(z, xy).backward()
+        lm_loss(z, *xy).backward()
         full_grads_after_backward = _bytes(p.grad for p in model.parameters())
         z.finish_gradient_synchronization()
         z.step()
@@ -263,9 +229,9 @@ def measure(kind: str = "plain", bucket_size_mb: float = 0.001, microbatches: in
             for i, c in enumerate(chunks):
                 if not sync and i < len(chunks) - 1:
                     with z.no_sync():
-                        (loss_of(z, c) / len(chunks)).backward()
+                        (lm_loss(z, *c) / len(chunks)).backward()
                 else:
-                    (loss_of(z, c) / len(chunks)).backward()
+                    (lm_loss(z, *c) / len(chunks)).backward()
                     z.finish_gradient_synchronization()
             z.step()
         out["zero2"][f"accum_sent_sync={sync}"] = tr.sent_bytes()
@@ -292,8 +258,8 @@ def _build(impl: str, size: str, bucket_size_mb: float):
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
 
-    cls, kw = OPTS["adamw"]
-    model = make_model("plain", size=size)
+    cls, kw = OPTIMIZERS["adamw"]
+    model = tiny_gpt("plain", size=size)
     if impl == "zero1":
         opt = ShardedOptimizer(list(model.parameters()), cls, bucket_size_mb=bucket_size_mb, **kw)
         return model, model, opt, None
@@ -302,14 +268,6 @@ def _build(impl: str, size: str, bucket_size_mb: float):
         return model, z, z, z.finish_gradient_synchronization
     ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_size_mb)
     return model, ddp, ZeroRedundancyOptimizer(list(model.parameters()), cls, **kw), None
-
-
-def _step(fwd, opt, xy, finish=None):
-    opt.zero_grad()
-    loss_of(fwd, xy).backward()
-    if finish is not None:
-        finish()
-    opt.step()
 
 
 def profile_step(
@@ -321,12 +279,12 @@ def profile_step(
     for ZeRO-1, ``N_pad`` for ZeRO-2), ``stepped`` (numel of each tensor this rank's AdamW
     steps), ``buckets`` (bytes of each ZeRO-2 gradient bucket) and ``logits`` (bytes of
     one ``(b, s, V)`` fp32 tensor of this rank's batch)."""
-    from shardlab.dist import MemoryTrace, phase
+    from shardlab.dist import MemoryTrace
 
     torch.set_num_threads(1)
     model, fwd, opt, finish = _build(impl, size, bucket_size_mb)
-    xy = local(batch(model, 0, n))
-    _step(fwd, opt, xy, finish)  # creates the AdamW state
+    xy = rank_slice(step_batch(model.config, 0, n))
+    train_step(fwd, opt, xy, finish)  # creates the AdamW state
     opt.zero_grad()
     inner = opt.optimizer if impl == "zero2" else getattr(opt, "optim", opt)
     with MemoryTrace() as mt:
@@ -337,14 +295,7 @@ def profile_step(
         if impl == "zero2":
             mt.tag([b.weights for b in opt.buckets], "parameters")
             mt.tag([b.grad_shard for b in opt.buckets], "gradients")
-        with phase("forward"):
-            loss = loss_of(fwd, xy)
-        with phase("backward"):
-            loss.backward()
-            if finish is not None:
-                finish()
-        with phase("optimizer"):
-            opt.step()
+        train_step(fwd, opt, xy, finish)  # in phases forward, backward, optimizer
     c = model.config
     stepped = [p.numel() for g in inner.param_groups for p in g["params"]] if inner else []
     return {
@@ -366,13 +317,13 @@ def benchmark(steps: int = 20, warmup: int = 3, bucket_size_mb: float = 1.0) -> 
     torch.set_num_threads(1)
     impls = ("zero1", "zero2", "torch")
     runs = {impl: _build(impl, "bench", bucket_size_mb) for impl in impls}
-    xy = local(batch(runs["zero1"][0], 0, 8))
+    xy = rank_slice(step_batch(runs["zero1"][0].config, 0, 8))
     times: dict = {impl: [] for impl in impls}
     for i in range(warmup + steps):
         for impl, (_, fwd, opt, finish) in runs.items():
             dist.barrier()
             t0 = time.perf_counter()
-            _step(fwd, opt, xy, finish)
+            train_step(fwd, opt, xy, finish)
             if i >= warmup:
                 times[impl].append(time.perf_counter() - t0)
     out: dict = {impl: {"step_s": statistics.median(ts)} for impl, ts in times.items()}
@@ -386,23 +337,3 @@ def benchmark(steps: int = 20, warmup: int = 3, bucket_size_mb: float = 1.0) -> 
     for impl in impls:
         out[impl]["peak"] = profile_step(impl, "bench", bucket_size_mb, 8)["timeline"].peak
     return out
-
-
-def predicted_peak(prof: dict, layout: str, dp: int):
-    """Predicted peak for a :func:`profile_step` result (fp32 AdamW, CPU), every term from a
-    formula except the saved activations, which are the trace's largest ``activations``:
-
-    * persistent: ``model_state(n_state, dp, layout, "fp32")``;
-    * start of backward: + activations + ``logits_workspace`` (gradients of the
-      log-probabilities and of the logits, ``2 b s V q``);
-    * ``optimizer.step()``: + ``adam_workspace`` of the tensors this rank steps
-      (single-tensor AdamW on CPU: two temporaries the size of the largest one).
-    """
-    from shardlab.accounting.peak import adam_workspace, predict_layout_peak
-
-    return predict_layout_peak(
-        prof["n_state"], dp, layout, "fp32",
-        activation_bytes=max(prof["timeline"].bytes["activations"]),
-        backward_workspace_bytes=2 * prof["logits"],  # = logits_workspace(b, s, V, 4)
-        optimizer_workspace_bytes=adam_workspace(prof["stepped"]),
-    )  # fmt: skip

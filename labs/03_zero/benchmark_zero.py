@@ -1,6 +1,6 @@
 """From-scratch ZeRO-1 / ZeRO-2 vs PyTorch DDP + ZeroRedundancyOptimizer, one 2-rank launch.
 
-Same model (the package's GPT, ``bench`` size in ``_workers_zero.CONFIGS``), same data,
+Same model (the package's GPT, ``bench`` size in ``shardlab.models.SIZES``), same data,
 1 MB buckets (about 4 for this model; one 25 MB bucket would hold every gradient at once and
 undo ZeRO-2's saving), AdamW. Step time: median over 20 steps after 3 warm-up steps, the three
 implementations alternating step by step. Peak: traced by MemoryTrace over one step.

@@ -1,4 +1,5 @@
-"""Public tests for zero.py: one 2-rank launch and one 4-rank launch run every case.
+"""Public tests for zero1.py (ZeRO-1) and zero2.py (ZeRO-2): one 2-rank launch and one 4-rank
+launch run every case.
 
 Tolerance against the single-process run (see also labs/02_ddp/test_ddp.py): the gradient
 of the global mean is summed in a different order (per rank, then across ranks in the
@@ -24,7 +25,8 @@ import torch
 from _workers_zero import STEPS, ZERO1_CASES, ZERO2_CASES, predicted_peak
 from shardlab.accounting import comm, memory
 from shardlab.dist import launch
-from zero import ZeRO2Config, assign_owners
+from zero1 import assign_owners
+from zero2 import ZeRO2Config
 
 EPS = torch.finfo(torch.float32).eps
 TOL = {"rtol": 16 * EPS * STEPS, "atol": 16 * EPS * STEPS}

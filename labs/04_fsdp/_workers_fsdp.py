@@ -10,20 +10,30 @@ References (computed on rank 0 only, in the same process):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from fsdp import FSDP, FSDPConfig
 from shardlab.accounting import comm, memory
 from shardlab.dist import CommTrace
+from shardlab.models import (
+    OPTIMIZERS,
+    SIZES,
+    lm_loss,
+    make_optimizer,
+    rank_slice,
+    split_microbatches,
+    tiny_gpt,
+)
 from torch import nn
 
-GLOBAL_BATCH, SEQ, VOCAB = 4, 8, 37
+SIZE = "two-block"  # shardlab.models.SIZES: 2 blocks, so root + 2 units
+GLOBAL_BATCH, SEQ, VOCAB = 4, SIZES[SIZE]["seq_len"], SIZES[SIZE]["vocab_size"]
 STEPS = 3
-LR = {"adamw": 1e-2, "sgd": 0.1}
+LR = {name: kw["lr"] for name, (_, kw) in OPTIMIZERS.items()}
 RECIPE = "fp32"  # fp32 weights (= master), fp32 grads, fp32 Adam moments: 16 B/param
 # max |param - reference_full| after STEPS steps; why these values: see test_fsdp.py
 TOL = {"sgd": 1e-6, "adamw": 1e-6}
@@ -33,16 +43,9 @@ ZERO_GRAD_PARAM = "attn.qkv.bias"
 
 
 def make_model(kind: str = "plain", seed: int = 0, **cfg) -> nn.Module:
-    """Tiny GPT: "plain", "tied" (embedding = head) or "frozen" (some params fixed)."""
-    from shardlab.models import GPT, GPTConfig
-
-    args = dict(vocab_size=VOCAB, seq_len=SEQ, n_layer=2, n_head=2, d_model=10)
-    args.update(cfg)
-    model = GPT(GPTConfig(**args, tied_embeddings=(kind == "tied")), seed=seed)
-    if kind == "frozen":  # a frozen flat in the root unit and in the first block's unit
-        model.blocks[0].ln1.requires_grad_(False)
-        model.pos_emb.requires_grad_(False)
-    return model
+    """Tiny GPT: "plain", "tied" (embedding = head) or "frozen" (``pos_emb`` and
+    ``blocks[0].ln1`` fixed: a frozen flat in the root unit and in the first block's unit)."""
+    return tiny_gpt("frozen-ln1" if kind == "frozen" else kind, seed, size=SIZE, **cfg)
 
 
 def make_batches(steps: int = STEPS, batch: int = GLOBAL_BATCH, seed: int = 1):
@@ -54,27 +57,15 @@ def make_batches(steps: int = STEPS, batch: int = GLOBAL_BATCH, seed: int = 1):
     ]  # fmt: skip
 
 
-def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    logits, _ = model(x)  # (b, s, V)
-    return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-
-
-def make_opt(name: str, params) -> torch.optim.Optimizer:
-    params = [p for p in params if p.requires_grad]
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=LR[name], weight_decay=0.1)
-    return torch.optim.SGD(params, lr=LR[name], momentum=0.9)
-
-
 def named(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
 
 
 def reference_full(kind: str, opt: str, steps: int = STEPS) -> dict[str, torch.Tensor]:
     model = make_model(kind)
-    o = make_opt(opt, model.parameters())
+    o = make_optimizer(opt, model.parameters())
     for x, y in make_batches(steps):
-        loss_fn(model, x, y).backward()
+        lm_loss(model, x, y).backward()
         o.step()
         o.zero_grad()
     return named(model)
@@ -83,14 +74,15 @@ def reference_full(kind: str, opt: str, steps: int = STEPS) -> dict[str, torch.T
 def reference_split(kind, opt, world, steps=STEPS, dtype=torch.float32, microbatches=1):
     """Per-rank gradients computed one after another in ``dtype``, summed in fp32, / D."""
     model = make_model(kind)
-    o = make_opt(opt, model.parameters())
+    o = make_optimizer(opt, model.parameters())
     params = [p for p in model.parameters() if p.requires_grad]
     for x, y in make_batches(steps):
         total = None
-        for xr, yr in zip(x.chunk(world), y.chunk(world)):
+        for r in range(world):
+            xr, yr = rank_slice((x, y), r, world)
             low = copy.deepcopy(model).to(dtype)  # the same casts as the gathered buffer
-            for xm, ym in zip(xr.chunk(microbatches), yr.chunk(microbatches)):
-                loss_fn(low, xm, ym).backward()
+            for xm, ym in split_microbatches((xr, yr), microbatches):
+                lm_loss(low, xm, ym).backward()
             g = [p.grad.float() for p in low.parameters() if p.requires_grad]
             total = g if total is None else [a + b for a, b in zip(total, g)]
         for p, g in zip(params, total):
@@ -100,16 +92,11 @@ def reference_split(kind, opt, world, steps=STEPS, dtype=torch.float32, microbat
     return named(model)
 
 
-def local(t: torch.Tensor, group=None) -> torch.Tensor:
-    """This rank's slice of the global batch."""
-    return t.chunk(dist.get_world_size(group))[dist.get_rank(group)]
-
-
 def train_fsdp(kind, opt, cfg=None, steps=STEPS, microbatches=1, sync_each=True, **model_cfg):
     model = FSDP(make_model(kind, **model_cfg), dist.group.WORLD, cfg or FSDPConfig())
-    o = make_opt(opt, model.parameters())
+    o = make_optimizer(opt, model.parameters())
     for x, y in make_batches(steps):
-        accumulate(model, local(x), local(y), microbatches, sync_each)
+        accumulate(model, rank_slice(x), rank_slice(y), microbatches, sync_each)
         o.step()
         o.zero_grad()
     return model, o
@@ -117,21 +104,13 @@ def train_fsdp(kind, opt, cfg=None, steps=STEPS, microbatches=1, sync_each=True,
 
 def accumulate(model: FSDP, x, y, microbatches=1, sync_each=True) -> None:
     """Forward/backward over ``microbatches`` pieces, reduce-scatter per piece or once."""
-    pieces = list(zip(x.chunk(microbatches), y.chunk(microbatches)))
+    pieces = split_microbatches((x, y), microbatches)
     for k, (xm, ym) in enumerate(pieces):
         last = k == len(pieces) - 1
-        ctx = model.no_sync() if not (sync_each or last) else _null()
+        ctx = model.no_sync() if not (sync_each or last) else contextlib.nullcontext()
         with ctx:
-            (loss_fn(model, xm, ym) / len(pieces)).backward()
+            (lm_loss(model, xm, ym) / len(pieces)).backward()
     model.finish_gradient_synchronization()
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def compare(got: dict, want: dict) -> dict:
@@ -183,7 +162,7 @@ def comm_rows(world: int, q: int = 4) -> list[dict]:
     x, y = make_batches(1, seed=7)[0]
     for reshard in (True, False):
         model, opt = train_fsdp("plain", "adamw", FSDPConfig(reshard_after_forward=reshard), 1)
-        tr = traced_step(model, opt, local(x), local(y))
+        tr = traced_step(model, opt, rank_slice(x), rank_slice(y))
         n_pad = model.padded_numel
         pred = comm.step_volume("zero3", n_pad, world, q, reshard_after_forward=reshard)
         rows.append(_row(f"reshard_after_forward={reshard}", tr, n_pad, pred))
@@ -195,7 +174,7 @@ def accum_rows(world: int, microbatches: int = 4, q: int = 4) -> list[dict]:
     x, y = make_batches(1, batch=GLOBAL_BATCH * microbatches, seed=8)[0]
     for sync in (True, False):
         model, opt = train_fsdp("plain", "adamw", None, 0)
-        tr = traced_step(model, opt, local(x), local(y), microbatches, sync)
+        tr = traced_step(model, opt, rank_slice(x), rank_slice(y), microbatches, sync)
         n_pad = model.padded_numel
         pred = comm.grad_accum_volume("zero3", n_pad, world, q, microbatches, sync)
         rows.append(_row(f"m={microbatches} sync_every_microbatch={sync}", tr, n_pad, pred))
@@ -219,7 +198,7 @@ def state_row(world: int) -> dict:
     """Bytes held between backward and the optimizer step (grads and moments both alive)."""
     model, opt = train_fsdp("plain", "adamw", None, 1)
     x, y = make_batches(1, seed=9)[0]
-    accumulate(model, local(x), local(y))
+    accumulate(model, rank_slice(x), rank_slice(y))
     n = sum(p.numel() for p in make_model("plain").parameters())
     got = state_bytes(model, opt)
     pred = memory.model_state(model.padded_numel, world, "zero3", RECIPE)
@@ -286,7 +265,7 @@ def timed_steps(model, opt, x, y, steps: int) -> list[float]:
     out = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        loss_fn(model, x, y).backward()
+        lm_loss(model, x, y).backward()
         if isinstance(model, FSDP):
             model.finish_gradient_synchronization()
         opt.step()
@@ -310,7 +289,7 @@ def memory_rows(world: int) -> list[dict]:
                 mt.watch(model, opt)
                 mt.tag([f.buffer for u in model.units for f in u.flats], "parameters")
                 with phase("forward"):
-                    loss = loss_fn(model, local(x), local(y))
+                    loss = lm_loss(model, rank_slice(x), rank_slice(y))
                 with phase("backward"):
                     loss.backward()
                     model.finish_gradient_synchronization()
@@ -356,9 +335,9 @@ def train_fsdp2(kind: str, opt: str, steps: int = STEPS, **cfg):
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    o = make_opt(opt, model.parameters())
+    o = make_optimizer(opt, model.parameters())
     for x, y in make_batches(steps):
-        loss_fn(model, local(x), local(y)).backward()
+        lm_loss(model, rank_slice(x), rank_slice(y)).backward()
         o.step()
         o.zero_grad()
     return model, o
@@ -409,7 +388,7 @@ def benchmark(steps: int = 10, batch: int = 8, **cfg) -> dict | None:
     from shardlab.dist import MemoryTrace
 
     x, y = make_batches(1, batch=batch, seed=11)[0]
-    x, y = local(x), local(y)
+    x, y = rank_slice(x), rank_slice(y)
     res = {"model": cfg}
     for name in ("ours", "fsdp2"):
         if name == "ours":

@@ -1,5 +1,5 @@
-"""Hidden tests for zero.py: 3 ranks, odd sizes (padding), param groups, a rank that owns
-nothing, bucket edge cases. D = 3 is not a power of two, so only the tolerance applies."""
+"""Hidden tests for zero1.py and zero2.py: 3 ranks, odd sizes (padding), param groups, a rank
+that owns nothing, bucket edge cases. D = 3 is not a power of two, so only the tolerance applies."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Kept: ZeRO-2, the owner assignment, and every byte count and peak (the same coll
 with the same buffers; only the copy back is missing).
 """
 
-FILE = "zero.py"
+FILE = "zero1.py"
 OLD = (
     "            dist.all_gather_single(recv, weights[r, lo:hi].contiguous(), group=self.group)\n"
     "            weights[:, lo:hi].copy_(recv.view(D, -1))\n"
