@@ -139,3 +139,55 @@ def test_workspace_helpers():
         adam_workspace(5)
     with pytest.raises(ValueError, match="optimizer_workspace_bytes=-1"):
         predict_peak(0, [], 0, optimizer_workspace_bytes=-1)
+
+
+def test_grad_shards_appear_after_their_unit():
+    # unit i's shard exists from the end of its backward: backward at i holds units i+1..n-1
+    r = predict_peak(100, [10, 10, 10], 0, grad_shard_bytes=[1, 2, 4])
+    assert "grad_shards" in r.terms and "optimizer_workspace" not in r.terms
+    got = [(p.phase, p.unit, p.terms["grad_shards"]) for p in r.timeline]
+    assert got == [
+        ("forward", 0, 0), ("forward", 1, 0), ("forward", 2, 0),
+        ("backward", 2, 0), ("backward", 1, 4), ("backward", 0, 6), ("optimizer", None, 7),
+    ]  # fmt: skip
+    opt = r.timeline[-1]
+    assert opt.total == 100 + 7 and opt.terms["gathered_params"] == 0
+    both = predict_peak(0, [10, 10], 0, grad_shard_bytes=6, optimizer_workspace_bytes=5)
+    assert both.timeline[-1].terms["grad_shards"] == 6 and both.timeline[-1].total == 11
+    assert (both.total, both.unit_of_peak) == (10 + 3, 0)  # unit 0 gathered + unit 1's shard
+    none = predict_peak(50, [], 10, grad_shard_bytes=[3, 4])  # no units: optimizer only
+    assert [p.terms["grad_shards"] for p in none.timeline] == [0, 7]
+    with pytest.raises(ValueError, match=r"grad_shard_bytes\[1\]"):
+        predict_peak(0, [1, 1], 0, grad_shard_bytes=[1, -1])
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_backward_workspace_before_units(reshard):
+    units, acts = [10, 20, 30], [1, 2, 3]
+    r = predict_peak(
+        0, units, acts, prefetch=1, reshard_after_forward=reshard, grad_unit_bytes=[7, 7, 7],
+        backward_workspace_bytes=100, backward_workspace_at="before_units",
+        head_activation_bytes=40,
+    )  # fmt: skip
+    start = r.timeline[3]  # right after the last forward moment
+    assert (start.phase, start.unit) == ("backward", None)
+    assert start.terms["backward_workspace"] == 100 and start.terms["unsharded_grads"] == 0
+    assert start.terms["activations"] == 6 + 40  # every unit's and the head's
+    assert start.alive_units == (() if reshard else (0, 1, 2))
+    assert start.terms["gathered_params"] == (0 if reshard else 60)
+    last = r.timeline[4]  # the last unit's backward: its gradient, no workspace, no head
+    assert (last.unit, last.terms["backward_workspace"], last.terms["activations"]) == (2, 0, 6)
+    assert last.terms["unsharded_grads"] == 7
+    assert (r.phase_of_peak, r.unit_of_peak) == ("backward", None)
+    # the default puts workspace and head activations on the last unit's backward
+    d = predict_peak(0, units, acts, backward_workspace_bytes=100, head_activation_bytes=40)
+    assert len(d.timeline) == 6 and d.timeline[3].terms["activations"] == 46
+    assert d.timeline[3].terms["backward_workspace"] == 100
+    # head activations alone also make the start moment; with no units they simply add
+    h = predict_peak(0, units, acts, backward_workspace_at="before_units", head_activation_bytes=5)
+    assert h.timeline[3].unit is None and "backward_workspace" not in h.terms
+    assert predict_peak(0, [], 10, head_activation_bytes=5).total == 15
+    with pytest.raises(ValueError, match="backward_workspace_at='start'"):
+        predict_peak(0, units, acts, backward_workspace_at="start")
+    with pytest.raises(ValueError, match="head_activation_bytes=-1"):
+        predict_peak(0, units, acts, head_activation_bytes=-1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -256,6 +257,7 @@ def check_all(world_checks: str = "full") -> dict | None:
                     "full_fp32": compare(sd, reference_full("plain", "adamw")),
                 }
         rep.update(grads=grads, same_results=same, mixed=mixed)
+        rep["memory"] = memory_rows(world)[0]
     rep["comm"] = comm_rows(world)
     rep["state"] = state_row(world)
     return rep if rank == 0 else None
@@ -274,9 +276,57 @@ def timed_steps(model, opt, x, y, steps: int) -> list[float]:
     return out
 
 
+def predicted_peak(model: FSDP, world: int, cfg: FSDPConfig, batch: int, acts: tuple):
+    """``predict_peak`` of one fp32 AdamW step of this wrapper, every term a tensor's lifetime:
+
+    * ``persistent``: weight shards + AdamW moments, ``model_state(N_pad, D, "zero3",
+      "fp32")`` without its gradients: ``zero_grad()`` frees the gradient shards after each
+      step, so at the start of backward they do not exist;
+    * ``grad_shards``: each unit's ``padded/D`` gradient shard, from the end of its
+      backward (when its reduce-scatter output is allocated) to the optimizer step; the
+      root's shard is complete right after block 0's backward (the last), so it joins block 0's;
+    * ``gathered_params``: one padded fp32 buffer per block, alive by the reshard/prefetch
+      schedule; the root stays gathered the whole forward and the whole backward
+      (``buffers``);
+    * ``unsharded_grads``: the block's full gradient during its backward;
+    * ``activations``: the saved tensors, taken from the trace, ``acts = (units, head)``:
+      those alive when the last block's forward ends (embedding and blocks, freed block by
+      block in backward) and those the head adds after it (final norm, logits,
+      log-probabilities: ``head_activation_bytes``, freed by the head's backward, which runs
+      before the first block's);
+    * ``backward_workspace``: the gradients of the log-probabilities and of the logits,
+      ``logits_workspace(b, s, V)``, in their own moment at the start of backward (the head
+      is in the root unit, so they are consumed before any block gradient exists);
+    * ``optimizer_workspace``: single-tensor AdamW's two temporaries of the largest shard.
+    """
+    from shardlab.accounting import peak
+
+    blocks = [f.padded * 4 for u in model.units[1:] for f in u.flats]
+    shards = [f.shard_numel * 4 for u in model.units[1:] for f in u.flats]
+    shards[0] += sum(f.shard_numel * 4 for f in model.units[0].flats)  # root: after block 0
+    state = memory.model_state(model.padded_numel, world, "zero3", RECIPE)
+    return peak.predict_peak(
+        persistent_bytes=state.total - state.per_object["grads"],
+        unit_bytes=blocks,
+        activation_bytes=acts[0],
+        buffer_bytes=sum(f.padded * 4 for f in model.units[0].flats),  # root: whole step
+        prefetch=cfg.prefetch,
+        reshard_after_forward=cfg.reshard_after_forward,
+        grad_unit_bytes=blocks,
+        grad_shard_bytes=shards,
+        backward_workspace_bytes=peak.logits_workspace(batch, SEQ, VOCAB, 4),
+        backward_workspace_at="before_units",
+        head_activation_bytes=acts[1],
+        optimizer_workspace_bytes=peak.adam_workspace([p.numel() for p in model.parameters()]),
+    )
+
+
+def _saved(mt, seen: dict, *_) -> None:
+    seen.setdefault("units", mt.live_bytes("activations"))
+
+
 def memory_rows(world: int) -> list[dict]:
     """Peak live bytes of one step (MemoryTrace) for reshard/prefetch on/off vs predict_peak."""
-    from shardlab.accounting import peak
     from shardlab.dist import MemoryTrace, phase
 
     rows, timelines = [], {}
@@ -285,11 +335,17 @@ def memory_rows(world: int) -> list[dict]:
         for pf in (True, False):
             cfg = FSDPConfig(reshard_after_forward=rs, prefetch=pf)
             model, opt = train_fsdp("plain", "adamw", cfg, 1)  # Adam moments exist
+            xr, yr = rank_slice(x), rank_slice(y)
+            seen = {}
             with MemoryTrace() as mt:
                 mt.watch(model, opt)
                 mt.tag([f.buffer for u in model.units for f in u.flats], "parameters")
+                mt.tag([xr, yr], "activations")  # the batch: saved for backward, alive all step
+                # saved activations when the last block's forward ends (the head's come later)
+                last = model.module.blocks[-1].register_forward_hook(partial(_saved, mt, seen))
                 with phase("forward"):
-                    loss = lm_loss(model, rank_slice(x), rank_slice(y))
+                    loss = lm_loss(model, xr, yr)
+                last.remove()
                 with phase("backward"):
                     loss.backward()
                     model.finish_gradient_synchronization()
@@ -297,18 +353,9 @@ def memory_rows(world: int) -> list[dict]:
                     opt.step()
                 opt.zero_grad()
             tl = mt.timeline()
-            blocks = [f.padded * 4 for u in model.units[1:] for f in u.flats]
-            pred = peak.predict_peak(
-                persistent_bytes=memory.model_state(
-                    model.padded_numel, world, "zero3", RECIPE
-                ).total,
-                unit_bytes=blocks,
-                activation_bytes=tl.peak_breakdown["activations"],  # measured, see notebook
-                buffer_bytes=sum(f.padded * 4 for f in model.units[0].flats),  # root: whole step
-                prefetch=pf,
-                reshard_after_forward=rs,
-                grad_unit_bytes=blocks,
-            )
+            acts = (seen["units"], max(tl.bytes["activations"]) - seen["units"])  # measured
+            pred = predicted_peak(model, world, cfg, xr.shape[0], acts)
+            start = next(p for p in pred.timeline if p.phase == "backward")  # start of backward
             label = f"reshard={rs} prefetch={pf}"
             timelines[label] = tl
             rows.append(
@@ -318,8 +365,12 @@ def memory_rows(world: int) -> list[dict]:
                     "predicted_peak": pred.total,
                     "ratio": tl.peak / pred.total,
                     "measured_at_peak": {k: v for k, v in tl.peak_breakdown.items() if v},
+                    "measured_phase": tl.phases[tl.peak_index],
                     "predicted_terms": pred.terms,
                     "predicted_phase": pred.phase_of_peak,
+                    "predicted_unit": pred.unit_of_peak,
+                    "predicted_start_of_backward": start.total,
+                    "measured_activations": {"units": acts[0], "head": acts[1]},
                 }
             )
     return rows, timelines

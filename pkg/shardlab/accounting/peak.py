@@ -22,34 +22,64 @@ sum of these **terms** (exactly what each counts):
 ``activations``      saved activations alive: forward at ``i`` holds units ``0..i``;
                      backward at ``i`` still holds ``0..i`` (unit i's are freed after its
                      backward). A scalar ``activation_bytes`` is split evenly over units.
+                     ``head_activation_bytes`` (default 0): tensors saved by a *head* that
+                     runs after the last unit's forward and whose backward runs before the
+                     last unit's backward (final norm, logits, log-probabilities of an LM
+                     whose head sits in an FSDP root unit). They exist only at the start
+                     of backward: in the ``"before_units"`` moment (see
+                     ``backward_workspace``), or, with ``"last_unit"``, in the last unit's
+                     backward moment; with no units they add to the single moment.
 ``buffers``          caller-stated extra bytes alive all step (communication buckets,
                      workspace, allocator headroom), constant.
 
-Two optional **workspace terms** (present in ``terms`` only when the caller passes them,
-so callers that do not see exactly the five terms above):
+Three optional terms (present in ``terms`` only when the caller passes them, so callers
+that do not see exactly the five terms above):
 
+``grad_shards``      ``grad_shard_bytes[i]``: unit ``i``'s *gradient shard*, the output of its
+                     reduce-scatter. Use it when the shards are **not** in ``persistent``
+                     (``optimizer.zero_grad(set_to_none=True)``, PyTorch's default, frees them
+                     after every step): a shard then exists from the end of its unit's
+                     backward to the optimizer step. Backward at unit ``i`` holds the shards
+                     of units ``i+1..n-1`` (their backward is done), the ``"optimizer"``
+                     moment holds all of them, forward none.
 ``backward_workspace``   transient gradients of activations alive at the *start of
-                     backward*, while every saved activation still is. Added to the first
-                     backward moment only (the last unit's backward; with no units, the
-                     single moment, whose phase then is ``"backward"``). For a language model
+                     backward*, while every saved activation still is. For a language model
                      trained with cross-entropy the largest such tensors are the gradient of
                      the log-probabilities and the gradient of the logits, both ``(b, s, V)``
                      and alive together: ``2 * b * s * V * q`` (:func:`logits_workspace`).
+                     Where it goes (``backward_workspace_at``): ``"last_unit"`` (default)
+                     adds it to the first backward moment, the last unit's backward, on top of
+                     that unit's unsharded gradient; ``"before_units"`` gives it its own
+                     moment ``("backward", None)`` before any unit's backward, which is when
+                     it really lives when the loss and the head run outside the units (an
+                     FSDP root unit): the logits' gradient is consumed before the first unit's
+                     weight gradient exists. That moment holds every activation (the head's
+                     too), the units still gathered from forward (all of them without
+                     reshard-after-forward, none with it), no unit gradient and no gradient
+                     shard; it exists when ``backward_workspace_bytes`` or
+                     ``head_activation_bytes`` is given. With no units both placements mean
+                     the single moment, whose phase then is ``"backward"``.
 ``optimizer_workspace``  temporaries of ``optimizer.step()``, in an extra moment
-                     ``("optimizer", None)`` = persistent + buffers + this term (activations
-                     are freed and units resharded by then). For PyTorch's Adam/AdamW
-                     (:func:`adam_workspace`): the *foreach* implementation (CUDA default)
-                     allocates one temporary for every stepped parameter at once
-                     (``sqrt(v)``, then divided and shifted in place): ``q * n_stepped``; the
-                     *single-tensor* one (CPU default) allocates ``sqrt(v)`` and
-                     ``sqrt(v) / bias_correction`` for one parameter at a time:
-                     ``2 * q * largest_stepped_tensor``.
+                     ``("optimizer", None)`` = persistent + buffers + this term (+ every
+                     gradient shard, if given; activations are freed and units resharded by
+                     then; the moment also exists when only ``grad_shard_bytes`` is given).
+                     For PyTorch's Adam/AdamW (:func:`adam_workspace`): the *foreach*
+                     implementation (CUDA default) allocates one temporary for every stepped
+                     parameter at once (``sqrt(v)``, then divided and shifted in place):
+                     ``q * n_stepped``; the *single-tensor* one (CPU default) allocates
+                     ``sqrt(v)`` and ``sqrt(v) / bias_correction`` for one parameter at a
+                     time: ``2 * q * largest_stepped_tensor``.
 
 Not modelled: temporaries inside a unit's compute later in backward (activation gradients
-smaller than the start-of-backward ones while activations are being freed), the loss
-scalar, allocator fragmentation. ``total`` is the largest moment;
+smaller than the start-of-backward ones while activations are being freed), the early
+release of activations saved outside the units unless given as ``head_activation_bytes``
+(a root's head runs its backward first, so its saved tensors are gone before the last
+unit's backward), partial gradients of a unit whose backward spans others (a root unit's
+head gradients wait for its embedding gradients), an unsharded gradient kept alive while
+its reduce-scatter is still in flight during the next unit's backward, the loss scalar and
+optimizer step counters, allocator fragmentation. ``total`` is the largest moment;
 ``phase_of_peak``/``unit_of_peak`` say when (earliest on ties). With no units (DDP,
-ZeRO-1/2) and no workspace terms there is one moment: persistent + all activations +
+ZeRO-1/2) and no optional terms there is one moment: persistent + all activations +
 buffers.
 """
 
@@ -63,7 +93,9 @@ from .memory import Recipe, get_recipe, model_state
 
 TERMS = ("persistent", "gathered_params", "unsharded_grads", "activations", "buffers")
 WORKSPACE_TERMS = ("backward_workspace", "optimizer_workspace")  # optional, see docstring
+OPTIONAL_TERMS = ("grad_shards", *WORKSPACE_TERMS)  # in terms only when given
 PHASES = ("forward", "backward")
+WORKSPACE_AT = ("last_unit", "before_units")  # where backward_workspace goes
 
 
 @dataclass(frozen=True)
@@ -155,6 +187,12 @@ def adam_workspace(
     return float(q * sum(ns)) if foreach else 2.0 * q * max(ns)
 
 
+def _total(name: str, value) -> float:
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return float(sum(v.nonneg_number(f"{name}[{i}]", x) for i, x in enumerate(value)))
+    return v.nonneg_number(name, value)
+
+
 def _per_unit(name: str, value, n: int) -> list[float]:
     if isinstance(value, Sequence) and not isinstance(value, str):
         if len(value) != n:
@@ -174,6 +212,9 @@ def predict_peak(
     grad_unit_bytes: float | Sequence[float] | None = None,
     backward_workspace_bytes: float | None = None,
     optimizer_workspace_bytes: float | None = None,
+    grad_shard_bytes: float | Sequence[float] | None = None,
+    backward_workspace_at: str = "last_unit",
+    head_activation_bytes: float = 0,
 ) -> PeakBreakdown:
     """Predicted per-rank peak of one step (see module docstring for every term).
 
@@ -184,7 +225,12 @@ def predict_peak(
     total split evenly, like ``activation_bytes``); ``None`` means 0.
     ``backward_workspace_bytes`` / ``optimizer_workspace_bytes``: the optional workspace
     terms (``None``: not modelled, and absent from ``terms``); see :func:`logits_workspace`
-    and :func:`adam_workspace`.
+    and :func:`adam_workspace`. ``grad_shard_bytes``: gradient shard of each unit, alive from
+    the end of its backward (a scalar is a total split evenly; with no units it only joins
+    the ``"optimizer"`` moment); ``None``: not modelled (the shards are in ``persistent``).
+    ``backward_workspace_at``: ``"last_unit"`` or ``"before_units"``;
+    ``head_activation_bytes``: activations saved by a head outside the units (module
+    docstring).
     """
     persistent = v.nonneg_number("persistent_bytes", persistent_bytes)
     buffers = v.nonneg_number("buffer_bytes", buffer_bytes)
@@ -204,7 +250,11 @@ def predict_peak(
         if optimizer_workspace_bytes is None
         else v.nonneg_number("optimizer_workspace_bytes", optimizer_workspace_bytes)
     )
+    ws_at = v.choice("backward_workspace_at", backward_workspace_at, WORKSPACE_AT)
+    head = v.nonneg_number("head_activation_bytes", head_activation_bytes)
     extra = {}  # optional terms, only when given
+    if grad_shard_bytes is not None:
+        extra["grad_shards"] = 0.0
     if bw is not None:
         extra["backward_workspace"] = 0.0
     if ow is not None:
@@ -214,7 +264,10 @@ def predict_peak(
     if n == 0:
         if isinstance(activation_bytes, Sequence) and not isinstance(activation_bytes, str):
             raise ValueError("activation_bytes must be one number when unit_bytes is empty")
-        act = v.nonneg_number("activation_bytes", activation_bytes)
+        act = v.nonneg_number("activation_bytes", activation_bytes) + head
+        shards_total = (
+            0.0 if grad_shard_bytes is None else _total("grad_shard_bytes", grad_shard_bytes)
+        )
         terms = {**base, "gathered_params": 0.0, "unsharded_grads": 0.0, "activations": act}
         terms = {k: terms[k] for k in TERMS}
         terms.update(extra)
@@ -228,7 +281,27 @@ def predict_peak(
             if grad_unit_bytes is None
             else _per_unit("grad_unit_bytes", grad_unit_bytes, n)
         )
+        shards = (
+            [0.0] * n
+            if grad_shard_bytes is None
+            else _per_unit("grad_shard_bytes", grad_shard_bytes, n)
+        )
+        shards_total = float(sum(shards))
         for phase, order in (("forward", range(n)), ("backward", range(n - 1, -1, -1))):
+            if phase == "backward" and ws_at == "before_units" and (bw is not None or head):
+                # start of backward: the loss/head gradients exist, no unit has run backward
+                alive = () if reshard else tuple(range(n))
+                terms = {
+                    "persistent": persistent,
+                    "gathered_params": float(sum(units[j] for j in alive)),
+                    "unsharded_grads": 0.0,
+                    "activations": float(sum(acts)) + head,
+                    "buffers": buffers,
+                    **extra,
+                }
+                if bw is not None:
+                    terms["backward_workspace"] = bw
+                timeline.append(PeakPoint("backward", None, terms, alive))
             for i in order:
                 alive = _alive(phase, i, n, p, reshard)
                 terms = {
@@ -239,13 +312,23 @@ def predict_peak(
                     "buffers": buffers,
                     **extra,
                 }
-                if bw is not None and phase == "backward" and i == n - 1:
-                    terms["backward_workspace"] = bw
+                if phase == "backward" and grad_shard_bytes is not None:
+                    terms["grad_shards"] = float(sum(shards[i + 1 :]))
+                if ws_at == "last_unit" and phase == "backward" and i == n - 1:
+                    terms["activations"] += head
+                    if bw is not None:
+                        terms["backward_workspace"] = bw
                 timeline.append(PeakPoint(phase, i, terms, alive))
-    if ow is not None:
+    if ow is not None or grad_shard_bytes is not None:
+        # the optimizer step: every gradient shard exists, activations and gathered units
+        # are gone
         terms = {k: 0.0 for k in TERMS}
         terms.update(extra)
-        terms.update(persistent=persistent, buffers=buffers, optimizer_workspace=ow)
+        terms.update(persistent=persistent, buffers=buffers)
+        if grad_shard_bytes is not None:
+            terms["grad_shards"] = shards_total
+        if ow is not None:
+            terms["optimizer_workspace"] = ow
         timeline.append(PeakPoint("optimizer", None, terms, ()))
     best = max(timeline, key=lambda pt: pt.total)  # max() keeps the earliest on ties
     return PeakBreakdown(dict(best.terms), best.total, best.phase, best.unit, tuple(timeline))
