@@ -148,7 +148,9 @@ _CELL = "padding:2px 10px;border-bottom:1px solid #ddd;"
 
 def html_table(table: Table) -> str:
     numeric = _numeric_columns(table)
-    out = [f'<table class="shardlab-table" style="{_TABLE_STYLE}">']
+    # The scrolling wrapper keeps wide tables readable inside a narrow book column.
+    out = ['<div style="overflow-x:auto;max-width:100%">']
+    out.append(f'<table class="shardlab-table" style="{_TABLE_STYLE}">')
     if table.title:
         out.append(
             f'<caption style="caption-side:top;text-align:left;font-weight:bold;padding:2px 0">'
@@ -169,13 +171,16 @@ def html_table(table: Table) -> str:
             align = "right" if numeric[i] else "left"
             out.append(f'<td style="{_CELL}{weight}text-align:{align}">{html.escape(str(c))}</td>')
         out.append("</tr>")
-    out.append("</tbody></table>")
+    out.append("</tbody></table></div>")
     return "".join(out)
 
 
 def html_report(report: Report) -> str:
     """Tables, notes and chart as one self-contained HTML fragment (no scripts, no CSS files)."""
-    parts = ['<div class="shardlab-report" style="font-family:sans-serif">']
+    parts = [
+        '<div class="shardlab-report" style="font-family:sans-serif;max-width:100%;'
+        'white-space:normal;overflow-x:auto">'
+    ]
     parts.append(f'<div style="font-weight:bold;margin:4px 0">{html.escape(report.title)}</div>')
     if report.chart_svg:
         parts.append(f'<div class="shardlab-chart">{report.chart_svg}</div>')
@@ -239,10 +244,12 @@ def build_calculator(
         w.HBox([controls[n] for n in r], layout=w.Layout(flex_flow="row wrap", grid_gap="4px 12px"))
         for r in rows
     ]
-    output = w.HTML()
+    # width 100% + min_width 0 let the flex box shrink to the page column; wide tables then
+    # scroll inside the calculator instead of being cut off at the column's edge.
+    output = w.HTML(layout=w.Layout(width="100%", min_width="0", overflow="auto"))
     box = w.VBox(
         [w.HTML(f"<b>{html.escape(title)}</b>"), *row_boxes, output],
-        layout=w.Layout(border="1px solid #ddd", padding="6px"),
+        layout=w.Layout(border="1px solid #ddd", padding="6px", max_width="100%"),
     )
 
     def update(*_: Any) -> str:
