@@ -12,7 +12,8 @@ p=4, m=8: 37.5 %, 3/11 = 27.3 %, 8/11 = 72.7 %. Zero bubble (Qi et al., *Zero Bu
 Pipeline Parallelism*, ICLR 2024): backward splits into ``BI`` (input gradient, needed
 upstream) and ``BW`` (weight gradient, deferrable). Per-stage bubble time
 (:func:`bubble_time`): 1F1B ``(p-1)(F+B)``; interleaved ``(p-1)(F+B)/v``; ZB-H1
-``(p-1)(F+BI-BW)`` (paper's formula, assumes ``BW <= F+BI`` and ``m >= p``): a third of
+``(p-1) max(F, F+BI-BW)``: the paper's ``(p-1)(F+BI-BW)`` (assumes ``BW <= F+BI`` and
+``m >= p``), floored at the fill time ``(p-1)F`` that no schedule can avoid; a third of
 1F1B's when F = BI = BW.
 
 Schedules (:func:`schedule`) return one ordered list of :class:`Action` per rank:
@@ -86,7 +87,9 @@ def bubble_time(kind: str, p: int, costs: dict[str, float] | None = None, v: int
                 f"the ZB-H1 closed form needs BW <= F + BI, got BW={c['BW']:g} > "
                 f"F + BI = {c['F']:g} + {c['BI']:g}; use simulate() for these costs"
             )
-        return (p - 1) * (c["F"] + c["BI"] - c["BW"])
+        # ...and can never beat the fill: the last stage waits (p-1) forwards before its first
+        # action, and with balanced stages every stage idles at least that long.
+        return (p - 1) * max(c["F"], c["F"] + c["BI"] - c["BW"])
     return (p - 1) * (c["F"] + c["B"]) / (vv if kind == "interleaved" else 1)
 
 
