@@ -6,7 +6,9 @@ import pytest
 from shardlab.accounting.comm import (
     COLLECTIVES,
     alpha_beta_time,
+    collectives_time,
     grad_accum_volume,
+    p2p_time,
     pipeline_p2p_volume,
     ring_sent_bytes,
     rounds,
@@ -112,6 +114,36 @@ def test_tp_and_pipeline_volumes():
     assert pipeline_p2p_volume(b, s, h, q=2, microbatches=8, chunks=2) == 4 * 8 * 2 * b * s * h
 
 
+@pytest.mark.parametrize("op", COLLECTIVES)
+@pytest.mark.parametrize("algo", ["ring", "tree"])
+def test_collectives_time(op, algo):
+    d, n, total, alpha, beta = 8, 16, 2 * 10**9, 10e-6, 50e9
+    one = alpha_beta_time(op, total / n, d, alpha, beta, algo)
+    assert collectives_time(op, total / n, d, n, alpha, beta, algo) == pytest.approx(n * one)
+    assert collectives_time(op, total, d, 1, alpha, beta, algo) == alpha_beta_time(
+        op, total, d, alpha, beta, algo
+    )
+    assert collectives_time(op, total, d, 0, alpha, beta, algo) == 0
+    # zero payload leaves the latency part: count * rounds * alpha
+    lat = collectives_time(op, 0, d, n, alpha, beta, algo)
+    assert lat == pytest.approx(n * rounds(op, d, algo) * alpha)
+    # splitting V into n pieces keeps the bandwidth term, multiplies the latency term by n
+    if algo == "ring":
+        split = collectives_time(op, total / n, d, n, alpha, beta, algo)
+        whole = alpha_beta_time(op, total, d, alpha, beta, algo)
+        assert split - whole == pytest.approx((n - 1) * rounds(op, d, algo) * alpha)
+
+
+def test_p2p_time():
+    assert p2p_time(50e9, 10e-6, 50e9) == pytest.approx(1 + 10e-6)
+    assert p2p_time(1e9, 1e-6, 1e9, messages=16) == pytest.approx(1 + 16e-6)
+    assert p2p_time(0, 1e-6, 1e9, messages=4) == pytest.approx(4e-6)
+    assert p2p_time(0, 1e-6, 1e9, messages=0) == 0
+    assert p2p_time(1e9, 0, 1e9) == 1
+    v = pipeline_p2p_volume(1, 2048, 4096, q=2, microbatches=8)
+    assert p2p_time(v, 3e-6, 300e9, 2 * 8) == pytest.approx(v / 300e9 + 16 * 3e-6)
+
+
 @pytest.mark.parametrize(
     ("fn", "args", "match"),
     [
@@ -131,6 +163,17 @@ def test_tp_and_pipeline_volumes():
         (tp_volume, (1, 2048, 4096, 0), "t=0"),
         (tp_volume, (1, 0, 4096, 8), "s=0"),
         (pipeline_p2p_volume, (1, 2048, 4096, 2, 0), "microbatches=0"),
+        (collectives_time, ("all_gather", 10, 4, -1, 1e-6, 1e9), "count=-1"),
+        (collectives_time, ("all_gather", 10, 4, 2.5, 1e-6, 1e9), "count=2.5"),
+        (collectives_time, ("all_gather", 10, 4, True, 1e-6, 1e9), "count=True"),
+        (collectives_time, ("all_gather", 10, 4, 2, 1e-6, 0), "beta=0"),
+        (collectives_time, ("scatter", 10, 4, 2, 1e-6, 1e9), "op='scatter'"),
+        (p2p_time, (-1, 1e-6, 1e9), "nbytes=-1"),
+        (p2p_time, (10, -1e-6, 1e9), "alpha=-1e-06"),
+        (p2p_time, (10, 1e-6, 0), "beta=0"),
+        (p2p_time, (10, 1e-6, 1e9, -1), "messages=-1"),
+        (p2p_time, (10, 1e-6, 1e9, 1.5), "messages=1.5"),
+        (p2p_time, (10, 1e-6, 1e9, 0), "messages=0"),
     ],
 )
 def test_validation(fn, args, match):

@@ -30,7 +30,9 @@ where ``V_sent`` is the ring volume above for ring; for tree it is the bytes on 
 path: the same as ring for all_gather/reduce_scatter/all_reduce, ``k V`` for the binomial
 broadcast (the root sends the whole tensor every round) and ``k V / 2`` for Bruck
 all-to-all. For D not a power of two the tree counts are the usual ceiling approximation.
-``alpha`` is seconds per round, ``beta`` bytes per second.
+``alpha`` is seconds per round, ``beta`` bytes per second. :func:`collectives_time` is the
+time of ``count`` such collectives in sequence (``count`` times the above), and
+:func:`p2p_time` the same model for point-to-point messages: ``messages * alpha + V / beta``.
 
 Step volumes, per rank per optimizer step, ``q`` bytes per element for both parameters and
 communicated gradients, ``c = (D-1)/D`` (:func:`step_volume`)::
@@ -104,6 +106,42 @@ def alpha_beta_time(
     a = v.nonneg_number("alpha", alpha)
     b = v.number("beta", beta)
     return rounds(op, group_size, algo) * a + sent_bytes(op, nbytes, group_size, algo) / b
+
+
+def collectives_time(
+    op: str,
+    nbytes_each: float,
+    group_size: int,
+    count: int,
+    alpha: float,
+    beta: float,
+    algo: str = "ring",
+) -> float:
+    """Seconds for ``count`` sequential collectives ``op`` of ``nbytes_each`` bytes each.
+
+    ``count * alpha_beta_time(op, nbytes_each, ...)``: splitting a volume ``V`` into ``n``
+    collectives of ``V/n`` keeps the bandwidth term and multiplies the latency term by ``n``.
+    ``count = 0`` gives 0. With ``nbytes_each = 0`` the result is the latency part alone.
+    """
+    n = v.nonneg_int("count", count)
+    return n * alpha_beta_time(op, nbytes_each, group_size, alpha, beta, algo)
+
+
+def p2p_time(nbytes: float, alpha: float, beta: float, messages: int = 1) -> float:
+    """Seconds to send ``nbytes`` in total as ``messages`` point-to-point messages.
+
+    ``T = messages * alpha + nbytes / beta`` (alpha s per message, beta bytes/s), e.g. the
+    boundary activations and activation gradients a pipeline stage exchanges with its
+    neighbours (:func:`pipeline_p2p_volume`, ``2 m`` messages per step for ``v = 1``).
+    Bytes without a message to carry them (``messages = 0``, ``nbytes > 0``) raise.
+    """
+    nb = v.nonneg_number("nbytes", nbytes)
+    a = v.nonneg_number("alpha", alpha)
+    b = v.number("beta", beta)
+    k = v.nonneg_int("messages", messages)
+    if k == 0 and nb > 0:
+        raise ValueError(f"messages=0 cannot carry nbytes={nbytes!r}")
+    return k * a + nb / b
 
 
 def step_volume(
