@@ -155,36 +155,12 @@ def test_release_refuses_nonempty_output_and_bad_markers(tmp_path):
 
 def test_cli_release_module_entry_point(tmp_path):
     out = tmp_path / "rel"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "shardlab.grading",
-            "release",
-            "--labs",
-            str(FIXTURE_LABS),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    command = [
+        sys.executable, "-m", "shardlab.grading", "release",
+        "--labs", str(FIXTURE_LABS), "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "released 2 lab(s)" in proc.stdout
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "shardlab.grading",
-            "release",
-            "--labs",
-            str(FIXTURE_LABS),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "not empty" in proc.stderr and "Traceback" not in proc.stderr

@@ -205,8 +205,7 @@ def profile_step(
 
     Returns the timeline, ``n_params``, the measured model state, and the sizes
     :func:`predicted_peak` uses: ``n_state`` (= ``n_params``), ``stepped`` (numel of each
-    tensor AdamW steps) and ``logits`` (bytes of one ``(b, s, V)`` fp32 tensor of this
-    rank's batch).
+    tensor AdamW steps) and ``logits_shape`` (``(b, s, V)`` of this rank's fp32 logits).
     """
     from shardlab.dist import MemoryTrace
 
@@ -229,7 +228,7 @@ def profile_step(
         "n_state": n,
         "state": model_state_bytes(model, opt),
         "stepped": [p.numel() for p in model.parameters()],
-        "logits": xy[0].shape[0] * c.seq_len * c.vocab_size * 4,
+        "logits_shape": (xy[0].shape[0], c.seq_len, c.vocab_size),
     }
 
 

@@ -277,8 +277,8 @@ def profile_step(
     """One AdamW step (after a warm-up step) under MemoryTrace, plus what the prediction
     needs: ``n_state`` (elements the layout's model-state formula is applied to: ``D*S``
     for ZeRO-1, ``N_pad`` for ZeRO-2), ``stepped`` (numel of each tensor this rank's AdamW
-    steps), ``buckets`` (bytes of each ZeRO-2 gradient bucket) and ``logits`` (bytes of
-    one ``(b, s, V)`` fp32 tensor of this rank's batch)."""
+    steps), ``buckets`` (bytes of each ZeRO-2 gradient bucket) and ``logits_shape``
+    (``(b, s, V)`` of this rank's fp32 logits)."""
     from shardlab.dist import MemoryTrace
 
     torch.set_num_threads(1)
@@ -304,7 +304,7 @@ def profile_step(
         "n_state": opt.padded_numel if impl in ("zero1", "zero2") else None,
         "stepped": stepped,
         "buckets": [b.padded * 4 for b in opt.buckets] if impl == "zero2" else [],
-        "logits": xy[0].shape[0] * c.seq_len * c.vocab_size * 4,
+        "logits_shape": (xy[0].shape[0], c.seq_len, c.vocab_size),
     }
 
 

@@ -164,7 +164,7 @@ def predicted_step_peak(prof: dict, layout: str, dp: int):
     """Predicted peak (:class:`~shardlab.accounting.peak.PeakBreakdown`) of one profiled fp32
     AdamW step on CPU. ``prof`` holds ``timeline`` (a MemoryTrace timeline), ``n_state``
     (elements the layout's model-state formula applies to), ``stepped`` (numel of each tensor
-    this rank's AdamW steps) and ``logits`` (bytes of one fp32 ``(b, s, V)`` tensor). Every
+    this rank's AdamW steps) and ``logits_shape`` (``(b, s, V)`` of this rank's fp32 logits). Every
     term comes from a formula except the saved activations, the trace's largest
     ``activations``:
 
@@ -174,11 +174,11 @@ def predicted_step_peak(prof: dict, layout: str, dp: int):
     * ``optimizer.step()``: + ``adam_workspace`` of the tensors this rank steps
       (single-tensor AdamW on CPU: two temporaries the size of the largest one).
     """
-    from shardlab.accounting.peak import adam_workspace, predict_layout_peak
+    from shardlab.accounting.peak import adam_workspace, logits_workspace, predict_layout_peak
 
     return predict_layout_peak(
         prof["n_state"], dp, layout, "fp32",
         activation_bytes=max(prof["timeline"].bytes["activations"]),
-        backward_workspace_bytes=2 * prof["logits"],  # = logits_workspace(b, s, V, 4)
+        backward_workspace_bytes=logits_workspace(*prof["logits_shape"], 4),
         optimizer_workspace_bytes=adam_workspace(prof["stepped"]),
     )  # fmt: skip

@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardlab.accounting.activations import MiB
+from shardlab.accounting.memory import GB, GiB
+
 from ._format import (
-    GB,
-    GiB,
-    MiB,
     fmt_int,
     fmt_num,
     fmt_pct,

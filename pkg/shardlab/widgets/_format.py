@@ -9,10 +9,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-GB = 1e9
-GiB = float(1 << 30)
-MiB = float(1 << 20)
-
 
 def parse_number(name: str, value: Any) -> int | float:
     """Parse ``7e9``, ``7_000_000_000`` or ``1.5e9`` into an int when integral, else a float.
