@@ -8,9 +8,10 @@ Pure Python; importing it never imports torch. Modules:
 ``comm``         ring/tree collective volumes, alpha-beta time, per-step volumes
 ``pipeline``     bubble formulas, schedule generator and event-driven simulator
 ``mesh``         device meshes (G = D t p c), rank <-> coordinates, groups, MoE folding
+``expert``       MoE expert capacity and dispatch/return all-to-all bytes
 """
 
-from . import activations, comm, memory, mesh, peak, pipeline
+from . import activations, comm, expert, memory, mesh, peak, pipeline
 from .activations import (
     MODES,
     ActivationRow,
@@ -101,6 +102,7 @@ __all__ = [
     "bubble_time",
     "collectives_time",
     "comm",
+    "expert",
     "fsdp_gathered_units_alive",
     "get_recipe",
     "grad_accum_volume",
