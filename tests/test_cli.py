@@ -219,3 +219,52 @@ def test_mesh_moe_fold_in_process(capsys):
     assert data["moe_fold"]["edp"] == fold.edp
     assert data["moe_fold"]["expert_coords"] == fold.expert_coords(5)
     assert data["moe_fold"]["groups"]["ep"] == fold.groups("ep")
+
+
+def test_closed_pipe_ends_quietly():
+    """`shardlab ... | head`: the reader leaves after one line; no BrokenPipeError traceback."""
+    # 16 stages x 400 microbatches of zb-h1 is 19,200 actions: a JSON far above a pipe's 64 KiB
+    argv = ["bubble", "--stages", "16", "--microbatches", "400", "--schedule", "zb-h1", "--json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardlab", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout.readline().strip() == b"{"
+    proc.stdout.close()  # like `head -1` exiting
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert err == ""
+
+
+@pytest.mark.parametrize("kind,v", [("1f1b", 1), ("zb-h1", 1), ("interleaved", 4), ("gpipe", 1)])
+def test_huge_pipeline_answers_with_closed_forms(kind, v):
+    """100,000 stages x 100,000 microbatches: no simulation, the closed forms still printed."""
+    from shardlab.widgets.pipeline import MAX_SIMULATED_ACTIONS, pipeline_report
+
+    rep = pipeline_report(kind, 100_000, 100_000, v)  # returns at once, nothing is walked
+    assert rep.data["simulated"] is None
+    assert "not simulated" in rep.data["not_simulated"].lower()
+    assert str(f"{MAX_SIMULATED_ACTIONS:,}") in rep.data["not_simulated"]
+    v_closed = v if kind == "interleaved" else 1
+    assert rep.data["closed_form"]["idle_fraction"] == pipeline.idle_fraction(
+        100_000, 100_000, v_closed
+    )
+    proc = run("bubble", "--stages", "100000", "--microbatches", "100000", "--schedule", kind,
+               "--chunks", str(v))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "not simulated" in proc.stdout
+
+
+def test_schedule_size_matches_schedule_and_bounds_simulation():
+    for kind, p, m, v in [("gpipe", 3, 5, 1), ("1f1b", 4, 8, 1), ("zb-h1", 4, 6, 1),
+                          ("interleaved", 4, 8, 3)]:  # fmt: skip
+        sched = pipeline.schedule(kind, p, m, v)
+        assert pipeline.schedule_size(kind, p, m, v) == sum(len(a) for a in sched)
+    with pytest.raises(ValueError, match="m=6, p=4"):
+        pipeline.schedule_size("interleaved", 4, 6, 2)
+    from shardlab.widgets.pipeline import MAX_SIMULATED_ACTIONS, pipeline_report
+
+    # just under the bound is still simulated
+    rep = pipeline_report("1f1b", 10, MAX_SIMULATED_ACTIONS // 20)
+    assert rep.data["simulated"] is not None

@@ -150,18 +150,34 @@ def _interleaved(r: int, p: int, m: int, vv: int) -> list[Action]:
     return out
 
 
-def schedule(kind: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
-    """Per-rank ordered actions of ``kind`` for ``p`` stages and ``m`` microbatches."""
+def _check_kind(kind: str, p: int, m: int, v: int) -> tuple[str, int, int, int]:
     kind = chk.choice("kind", kind, KINDS)
     p, m, vv = _pmv(p, m, v)
     if kind != "interleaved" and vv != 1:
         raise ValueError(f"v={vv} chunks need kind='interleaved', not kind={kind!r}")
+    if kind == "interleaved" and m % p:
+        raise ValueError(f"interleaved schedule needs m % p == 0, got m={m}, p={p}")
+    return kind, p, m, vv
+
+
+def schedule_size(kind: str, p: int, m: int, v: int = 1) -> int:
+    """Number of actions ``schedule(kind, p, m, v)`` returns over all ranks, without building it.
+
+    Every rank runs a forward and a backward of each of its ``v`` chunks for each of the ``m``
+    microbatches; zero bubble splits the backward in two (``BI`` and ``BW``):
+    ``p * m * v * (3 if kind == "zb-h1" else 2)``. Callers use it to bound simulated work.
+    """
+    kind, p, m, vv = _check_kind(kind, p, m, v)
+    return p * m * vv * (3 if kind == "zb-h1" else 2)
+
+
+def schedule(kind: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
+    """Per-rank ordered actions of ``kind`` for ``p`` stages and ``m`` microbatches."""
+    kind, p, m, vv = _check_kind(kind, p, m, v)
     if kind == "gpipe":
         return [[Action(k, i) for k in ("F", "B") for i in range(m)] for _ in range(p)]
     if kind in ("1f1b", "zb-h1"):
         return [_one_f_one_b(r, p, m, split=kind == "zb-h1") for r in range(p)]
-    if m % p:
-        raise ValueError(f"interleaved schedule needs m % p == 0, got m={m}, p={p}")
     return [_interleaved(r, p, m, vv) for r in range(p)]
 
 

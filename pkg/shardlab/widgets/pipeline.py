@@ -25,6 +25,10 @@ from ._common import (
 )
 
 SCHEDULE_CHOICES = acc.KINDS
+# The simulator walks every action and the chart draws each one: beyond this many actions
+# (about 0.25 s of simulation and drawing on a 2-core machine) the report gives the closed
+# forms only, so every calculator update and CLI call answers within a second.
+MAX_SIMULATED_ACTIONS = 20_000
 
 
 def _order(k: str) -> tuple[int, str]:
@@ -54,6 +58,9 @@ def pipeline_report(
     if kind not in acc.KINDS:
         raise ValueError(f"schedule={kind!r} is not one of {', '.join(acc.KINDS)}")
     v_closed = vv if kind == "interleaved" else 1
+    n_actions = acc.schedule_size(kind, pp, mm, vv)  # validates like schedule() does
+    if n_actions > MAX_SIMULATED_ACTIONS:
+        return _closed_form_report(kind, pp, mm, vv, v_closed, cc, delay, n_actions)
     sched = acc.schedule(kind, pp, mm, vv)
     sim = acc.simulate(sched, pp, cc, delay)
     ratio = acc.bubble_ratio(pp, mm, v_closed)
@@ -132,6 +139,66 @@ def pipeline_report(
         },
         notes=[f"Costs per microbatch (time units): {used_costs}; comm delay {delay}."],
         chart_svg=chart,
+    )
+
+
+def _closed_form_report(
+    kind: str,
+    pp: int,
+    mm: int,
+    vv: int,
+    v_closed: int,
+    cc: dict[str, float],
+    delay: float,
+    n_actions: int,
+) -> Report:
+    """The closed forms alone, for schedules too large to simulate interactively."""
+    ratio = acc.bubble_ratio(pp, mm, v_closed)
+    idle = acc.idle_fraction(pp, mm, v_closed)
+    util = acc.utilization(pp, mm, v_closed)
+    try:
+        btime = acc.bubble_time(kind, pp, cc, v_closed)
+    except ValueError:
+        btime = None
+    na = "n/a" if kind == "zb-h1" else None
+    why = (
+        f"Not simulated: this schedule has {n_actions:,} actions, more than the "
+        f"{MAX_SIMULATED_ACTIONS:,} the calculator simulates (the simulator walks every action); "
+        "the closed forms need none."
+    )
+    summary = Table(
+        ["quantity", "closed form", "simulated"],
+        [
+            ["bubble / useful", na or fmt_pct(ratio), "not simulated"],
+            ["idle fraction", na or fmt_pct(idle), "not simulated"],
+            ["utilization", na or fmt_pct(util), "not simulated"],
+            ["idle time per stage", "n/a" if btime is None else fmt_num(btime), "not simulated"],
+        ],
+        title=f"{kind}: p={pp} stages, m={mm} microbatches, v={vv} chunk(s); "
+        "closed forms assume balanced stages",
+    )
+    used_costs = {**acc.DEFAULT_COSTS, **cc}
+    return Report(
+        title=f"Pipeline bubble: {kind}, p={pp}, m={mm}, v={vv}",
+        tables=[summary],
+        data={
+            "schedule": kind,
+            "p": pp,
+            "m": mm,
+            "v": vv,
+            "costs": used_costs,
+            "comm": delay,
+            "closed_form": {
+                "bubble_ratio": ratio,
+                "idle_fraction": idle,
+                "utilization": util,
+                "bubble_time_per_stage": btime,
+            },
+            "simulated": None,
+            "actions": None,
+            "not_simulated": why,
+        },
+        notes=[why, f"Costs per microbatch (time units): {used_costs}; comm delay {delay}."],
     )
 
 
