@@ -22,23 +22,25 @@ Install Chromium once with ``apt-get update && apt-get install -y chromium``.
 
 How the offline widget path was verified (repeat after changing the widget set-up):
 
-1. Make a throwaway book in /tmp with the repository's configuration and JavaScript::
+1. Make a throwaway book outside the repository with its configuration and JavaScript
+   (``REPO`` is the repository root, the folder of this README)::
 
+       REPO=$(git rev-parse --show-toplevel)
        mkdir -p /tmp/wbook/book && cd /tmp/wbook
-       cp /work/main/_config.yml . && cp /work/main/book/references.bib book/
-       cp -r /work/main/book/_widgets_js book/          # made by `make widget-js`
+       cp $REPO/_config.yml . && cp $REPO/book/references.bib book/
+       cp -r $REPO/book/_widgets_js book/          # made by `make widget-js`
        printf 'format: jb-book\\nroot: book/widget_test\\n' > _toc.yml
 
 2. Write ``book/widget_test.ipynb`` with one code cell
    ``w.VBox([w.IntSlider(value=7, description='D'), w.HTML('<b>...</b>')])`` and store it
    executed with its widget state::
 
-       /work/main/.venv/bin/python /work/main/tools/execute_notebooks.py book/widget_test.ipynb
+       $REPO/.venv/bin/python $REPO/tools/execute_notebooks.py book/widget_test.ipynb
 
 3. Build it and take the picture with the network off::
 
-       /work/main/.venv/bin/jupyter-book build . --all -W --keep-going
-       /work/main/.venv/bin/python /work/main/tools/screenshot.py book/widget_test.html \\
+       $REPO/.venv/bin/jupyter-book build . --all -W --keep-going
+       $REPO/.venv/bin/python $REPO/tools/screenshot.py book/widget_test.html \\
            --html-dir _build/html -o /tmp/wbook/widget_test.png --dom /tmp/wbook/dom.html
 
 4. Look at the PNG: the slider (at 7, labelled D) and the HTML table must be drawn, and the
