@@ -23,7 +23,7 @@ Install Chromium once with ``apt-get update && apt-get install -y chromium``.
 How the offline widget path was verified (repeat after changing the widget set-up):
 
 1. Make a throwaway book outside the repository with its configuration and JavaScript
-   (``REPO`` is the repository root, the folder of this README)::
+   (run from the repository; ``REPO`` is its root)::
 
        REPO=$(git rev-parse --show-toplevel)
        mkdir -p /tmp/wbook/book && cd /tmp/wbook
