@@ -27,6 +27,29 @@ With ``s=2048, b=1, h=4096, a=32, t=8``: 912, 184, 114 and 34 MiB exactly (and 1
 full recomputation). For ``L`` layers multiply by ``L`` (the paper's totals also add
 embedding/output terms, which we leave out). These are modelled saved activations, not a
 measured peak: see :mod:`.peak`.
+
+One formula, the paper's constants as defaults. Each constant above is a sum over the saved
+tensors, and the keyword-only arguments of :func:`activation_bytes_per_layer` change what one
+term weighs, so that another layer (lab 06's fp32 block, for instance) is counted by the
+same formula. With ``q`` bytes per stored element (``q``, default 2), ``p`` bytes per
+dropout-mask element (``mask_bytes``, default 1), MLP width ``f`` (``ffn``, default ``4h``),
+``d``/``d_a`` = 1 if hidden/attention dropout is on (``dropout``, ``attn_dropout``, default
+on), the per-layer saved bytes are the sum of three groups::
+
+    replicated  s b h (4 q + 2 p d)        LayerNorm inputs (2), inputs of the QKV and first
+                + 2 n_s c b s              MLP projections (2), the two output-dropout masks;
+                                           plus the norms' per-token statistics
+    split       s b h (4 q + 2 q f / h)    Q, K, V (3), output-projection input (1), GeLU
+                                           input and output (f wide each)
+    attention   a s^2 b (q + d_a (p + q))  softmax output; dropout mask and dropped scores
+
+where ``n_s`` is the number of per-token statistics a norm keeps (``norm="layernorm"``: mean
+and inverse standard deviation, 2; ``"rmsnorm"``: 1) and ``c`` their bytes
+(``norm_stat_bytes``, default 0: the paper neglects them). Defaults give the constants 10
+(replicated), 24 (split) and 5 (attention), so ``34 = 10 + 24``. The modes combine them:
+``none`` all three; ``tp`` replicated + (split + attention)/t; ``tp_sp`` all three /t;
+``tp_sp_selective`` (replicated + split)/t (the attention core is recomputed from Q, K, V);
+``full_recompute`` only the layer input, ``q s b h`` (replicated).
 """
 
 from __future__ import annotations
@@ -36,6 +59,7 @@ from dataclasses import dataclass
 from . import _validate as v
 
 MODES = ("none", "tp", "tp_sp", "tp_sp_selective", "full_recompute")
+NORMS = {"layernorm": 2, "rmsnorm": 1}  # per-token statistics saved for backward
 MiB = 2**20
 
 
@@ -53,30 +77,80 @@ def _check(s: int, b: int, h: int, a: int, t: int, mode: str) -> tuple[int, int,
     return s, b, h, a, t
 
 
-def activation_bytes_per_layer(
-    s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none"
-) -> float:
-    """Saved-activation bytes of one transformer layer under ``mode`` (see module table)."""
-    s, b, h, a, t = _check(s, b, h, a, t, mode)
+@dataclass(frozen=True)
+class LayerTerms:
+    """The three groups of a layer's saved bytes (see the module docstring), unsharded."""
+
+    replicated: float  # kept whole on every rank under TP alone
+    split: float  # divided by t under TP (heads / MLP columns)
+    attention: float  # the a s^2 b scores term, divided by t under TP
+    layer_input: float  # what full recomputation keeps
+
+    def for_mode(self, mode: str, t: int) -> float:
+        if mode == "none":
+            return self.replicated + self.split + self.attention
+        if mode == "tp":
+            return self.replicated + (self.split + self.attention) / t
+        if mode == "tp_sp":
+            return (self.replicated + self.split + self.attention) / t
+        if mode == "tp_sp_selective":
+            return (self.replicated + self.split) / t
+        return self.layer_input
+
+
+def layer_terms(
+    s: int,
+    b: int,
+    h: int,
+    a: int,
+    *,
+    q: float = 2,
+    mask_bytes: float = 1,
+    ffn: int | None = None,
+    dropout: bool = True,
+    attn_dropout: bool | None = None,
+    norm: str = "layernorm",
+    norm_stat_bytes: float = 0,
+) -> LayerTerms:
+    """The replicated / split / attention groups of one layer (module docstring's table)."""
+    qq = v.number("q", q)
+    p = v.nonneg_number("mask_bytes", mask_bytes)
+    f = 4 * h if ffn is None else v.positive_int("ffn", ffn)
+    d = int(v.flag("dropout", dropout))
+    da = d if attn_dropout is None else int(v.flag("attn_dropout", attn_dropout))
+    n_stats = NORMS[v.choice("norm", norm, tuple(NORMS))]
+    c = v.nonneg_number("norm_stat_bytes", norm_stat_bytes)
     sbh = s * b * h
-    attn = 5 * a * s / h
-    if mode == "none":
-        return sbh * (34 + attn)
-    if mode == "tp":
-        return sbh * (10 + 24 / t + attn / t)
-    if mode == "tp_sp":
-        return sbh / t * (34 + attn)
-    if mode == "tp_sp_selective":
-        return 34 * sbh / t
-    return 2.0 * sbh
+    return LayerTerms(
+        replicated=sbh * (4 * qq + 2 * p * d) + 2 * n_stats * c * b * s,
+        split=sbh * (4 * qq + 2 * qq * f / h),
+        attention=a * s * s * b * (qq + da * (p + qq)),
+        layer_input=qq * sbh,
+    )
+
+
+def activation_bytes_per_layer(
+    s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none", **layer
+) -> float:
+    """Saved-activation bytes of one transformer layer under ``mode`` (see module table).
+
+    ``layer``: the keyword-only arguments of :func:`layer_terms` (``q``, ``mask_bytes``,
+    ``ffn``, ``dropout``, ``attn_dropout``, ``norm``, ``norm_stat_bytes``); their defaults
+    are the paper's layer. ``ffn`` must divide by ``t`` under any tensor-parallel mode.
+    """
+    s, b, h, a, t = _check(s, b, h, a, t, mode)
+    ffn = layer.get("ffn")
+    if ffn is not None and mode not in ("none", "full_recompute") and ffn % t != 0:
+        raise ValueError(f"MLP width ffn={ffn} is not divisible by t={t}")
+    return layer_terms(s, b, h, a, **layer).for_mode(mode, t)
 
 
 def activation_bytes(
-    L: int, s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none"
+    L: int, s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none", **layer
 ) -> float:
     """Saved-activation bytes of ``L`` identical layers: ``L *`` the per-layer value."""
     layers = v.positive_int("L", L)
-    return layers * activation_bytes_per_layer(s, b, h, a, t, mode)
+    return layers * activation_bytes_per_layer(s, b, h, a, t, mode, **layer)
 
 
 @dataclass(frozen=True)
@@ -94,10 +168,15 @@ class ActivationRow:
         return self.bytes_per_layer / MiB
 
 
-def activation_table(s: int, b: int, h: int, a: int, t: int = 1, L: int = 1) -> list[ActivationRow]:
+def activation_table(
+    s: int, b: int, h: int, a: int, t: int = 1, L: int = 1, **layer
+) -> list[ActivationRow]:
     """One :class:`ActivationRow` per mode, in ``MODES`` order (for tables and charts)."""
     layers = v.positive_int("L", L)
-    return [ActivationRow(m, activation_bytes_per_layer(s, b, h, a, t, m), layers) for m in MODES]
+    return [
+        ActivationRow(m, activation_bytes_per_layer(s, b, h, a, t, m, **layer), layers)
+        for m in MODES
+    ]
 
 
 def as_rows(table: list[ActivationRow]) -> list[dict[str, object]]:
