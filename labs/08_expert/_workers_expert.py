@@ -10,6 +10,11 @@ Results come back as small plain-Python dicts; the caller asserts on them.
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pickle
+from pathlib import Path
+
 import moe as M
 import torch
 import torch.distributed as dist
@@ -284,6 +289,36 @@ def fold_experiment(
         ),
         "moe_err": _err(y, y_ref),
     }
+
+
+def check_many(cases: list[tuple], sweep: tuple | None = None) -> dict:
+    """Several :func:`check_moe` cases ``(cfg, tokens, seed, dtype)`` and an optional
+    :func:`sweep_capacity` ``(cfg, tokens, cfs)`` in one launch (starting ranks is slow)."""
+    out = {"cases": [check_moe(*c) for c in cases]}
+    if sweep is not None:
+        out["sweep"] = sweep_capacity(*sweep)
+    return out
+
+
+def launch_once(tmp_path_factory, key: str, fn, nprocs: int, *args, **kwargs):
+    """``launch(fn, nprocs, *args)`` once per pytest run, shared by every xdist worker.
+
+    Under ``pytest -n`` each worker would run a module fixture itself, so the ranks would start
+    twice; the first worker to get here launches and stores the results in the run's shared
+    temporary folder, the others wait on a file lock and read them (pytest-xdist's documented
+    pattern for once-per-session data).
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return launch(fn, nprocs, *args, quiet=True, **kwargs)
+    root = Path(tmp_path_factory.getbasetemp()).parent  # this run's folder, shared by workers
+    data = root / f"lab08-{key}.pkl"
+    with open(root / f"lab08-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if data.is_file():
+            return pickle.loads(data.read_bytes())
+        res = launch(fn, nprocs, *args, quiet=True, **kwargs)
+        data.write_bytes(pickle.dumps(res))
+        return res
 
 
 def run(
