@@ -1,0 +1,221 @@
+"""Functions every rank runs for the tensor-parallel tests, notebook and benchmark.
+
+The reference is :class:`tensor_reference.SerialGPT`, run whole in each process (it is
+small); the tensor-parallel model is built from it, so both start from the same weights
+and draw the same dropout masks. Comparisons gather the parallel results back to full
+tensors (tests only: the model itself never gathers the logits).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from shardlab.accounting import activations, comm
+from shardlab.dist import CommTrace, MemoryTrace
+from tensor import TPGroups
+from tensor_block import (
+    ParallelBlock,
+    ParallelGPT,
+    TPConfig,
+    activation_kwargs,
+    sync_sequence_parallel_grads,
+)
+from tensor_reference import ModelConfig, SerialBlock, SerialGPT, make_batch
+
+MODEL = ModelConfig()  # vocab 64, seq 16, h 32, a 4, ffn 96, 2 layers, dropout 0.1 / 0.1
+BATCH = 2
+Q = 4  # fp32 activations and communication
+SEED = 3  # the step seed of the dropout masks
+# (sequence_parallel, recompute, regather) runs compared with one process
+RUNS = [
+    (False, "none", True), (False, "selective", True), (False, "full", True),
+    (True, "none", True), (True, "selective", True), (True, "full", True),
+    (True, "none", False),
+]  # fmt: skip
+# activation modes: name -> (t or None for the group's t, sequence_parallel, recompute)
+MODES = {
+    "none": (1, False, "none"),
+    "tp": (None, False, "none"),
+    "tp_sp": (None, True, "none"),
+    "tp_sp_selective": (None, True, "selective"),
+    "full_recompute": (None, False, "full"),
+}
+
+
+def _gather(x: torch.Tensor, dim: int, groups: TPGroups) -> torch.Tensor:
+    if groups.tp == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(groups.tp)]
+    dist.all_gather(parts, x.contiguous(), group=groups.tp_group)
+    return torch.cat(parts, dim)
+
+
+def full_grads(pm: ParallelGPT, groups: TPGroups) -> dict[str, torch.Tensor]:
+    """The parallel model's gradients as full tensors, under SerialGPT's parameter names."""
+    t, out = groups.tp, {}
+    out["tok.weight"] = _gather(pm.tok.weight.grad, 0, groups)
+    out["pos"] = pm.pos.grad
+    out["head.weight"] = _gather(pm.head.weight.grad, 0, groups)
+    for name in ("weight", "bias"):
+        out[f"ln_f.{name}"] = getattr(pm.ln_f, name).grad
+    for i, blk in enumerate(pm.blocks):
+        pre = f"blocks.{i}."
+        for ln in ("ln1", "ln2"):
+            for name in ("weight", "bias"):
+                out[pre + f"{ln}.{name}"] = getattr(getattr(blk, ln), name).grad
+        for name in ("weight", "bias"):  # rank-major [q_r k_r v_r] rows back to q, k, v
+            full = _gather(getattr(blk.attn.qkv, name).grad, 0, groups)
+            per_rank = [c.chunk(3) for c in full.chunk(t)]
+            for j, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+                out[pre + f"{proj}.{name}"] = torch.cat([r[j] for r in per_rank])
+        out[pre + "o_proj.weight"] = _gather(blk.attn.o.weight.grad, 1, groups)
+        out[pre + "o_proj.bias"] = blk.attn.o.bias.grad
+        out[pre + "fc.weight"] = _gather(blk.mlp.fc.weight.grad, 0, groups)
+        out[pre + "fc.bias"] = _gather(blk.mlp.fc.bias.grad, 0, groups)
+        out[pre + "proj.weight"] = _gather(blk.mlp.proj.weight.grad, 1, groups)
+        out[pre + "proj.bias"] = blk.mlp.proj.bias.grad
+    return out
+
+
+def serial_run(model: ModelConfig = MODEL, seed: int = SEED):
+    """One process: logits, loss and every gradient."""
+    sm = SerialGPT(model)
+    idx, tgt = make_batch(model, BATCH)
+    logits = sm(idx, seed)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten())
+    loss.backward()
+    return logits.detach(), loss.detach(), {n: p.grad for n, p in sm.named_parameters()}
+
+
+def parallel_run(cfg: TPConfig, groups: TPGroups, seed: int = SEED):
+    """The tensor-parallel model: gathered logits, loss and full gradients."""
+    pm = ParallelGPT(SerialGPT(cfg.model), groups, cfg)
+    idx, tgt = make_batch(cfg.model, BATCH)
+    logits = pm.logits(idx, seed)
+    loss = pm(idx, tgt, seed)
+    loss.backward()
+    sync_sequence_parallel_grads(pm, groups)
+    return _gather(logits.detach(), 2, groups), loss.detach(), full_grads(pm, groups)
+
+
+def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def equality_rows(model: ModelConfig = MODEL, runs=RUNS) -> list[dict]:
+    """Max |parallel - one process| of logits, loss and gradients for each run."""
+    t = dist.get_world_size()
+    groups = TPGroups.from_world(t)
+    s_logits, s_loss, s_grads = serial_run(model)
+    rows = []
+    for sp, rc, rg in runs:
+        cfg = TPConfig(model, t, sp, rc, rg)
+        logits, loss, grads = parallel_run(cfg, groups)
+        assert set(grads) == set(s_grads), set(grads) ^ set(s_grads)
+        worst = max(s_grads, key=lambda n: _maxdiff(grads[n], s_grads[n]))
+        rows.append({
+            "t": t, "sp": sp, "recompute": rc, "regather": rg,
+            "logits": _maxdiff(logits, s_logits), "loss": abs(loss.item() - s_loss.item()),
+            "grads": _maxdiff(grads[worst], s_grads[worst]), "worst_grad": worst,
+            "grad_scale": max(g.abs().max().item() for g in s_grads.values()),
+        })  # fmt: skip
+    return rows
+
+
+def _block_inputs(cfg: TPConfig, groups: TPGroups, seed: int = 5):
+    """A (b, s, h) block input and output weight, sliced to this rank's positions under SP."""
+    m = cfg.model
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(BATCH, m.seq, m.h, generator=gen)
+    w = torch.randn(BATCH, m.seq, m.h, generator=gen)
+    if cfg.sequence_parallel:
+        x, w = (z.chunk(groups.tp, dim=1)[groups.tp_rank].contiguous() for z in (x, w))
+    return x.requires_grad_(), w
+
+
+def comm_rows(model: ModelConfig = MODEL) -> list[dict]:
+    """Bytes sent by one layer's forward + backward (one microbatch) vs ``comm.tp_volume``."""
+    t = dist.get_world_size()
+    groups = TPGroups.from_world(t)
+    serial = SerialGPT(model).blocks[0]
+    rows = []
+    for name, sp, rg in (("tp", False, True), ("tp_sp", True, True), ("tp_sp", True, False)):
+        cfg = TPConfig(model, t, sp, "none", rg)
+        blk = ParallelBlock(serial, groups, cfg)
+        x, w = _block_inputs(cfg, groups)
+        with CommTrace() as tr:
+            with tr.phase("forward"):
+                out = blk(x, SEED)
+            with tr.phase("backward"):
+                (out * w).sum().backward()
+        pred = comm.tp_volume(BATCH, model.seq, model.h, t, Q, sp=sp)
+        regather = 2 * comm.ring_sent_bytes("all_gather", Q * BATCH * model.seq * model.h, t)
+        extra = regather if (sp and rg) else 0.0
+        sent = tr.sent_bytes()
+        rows.append({
+            "mode": name, "t": t, "regather": rg if sp else None,
+            "all_reduce": tr.count(op="all_reduce"), "all_gather": tr.count(op="all_gather"),
+            "reduce_scatter": tr.count(op="reduce_scatter"),
+            "forward_bytes": tr.sent_bytes(phase="forward"),
+            "backward_bytes": tr.sent_bytes(phase="backward"),
+            "measured_bytes": sent, "tp_volume": pred, "regather_bytes": extra,
+            "ratio": (sent - extra) / pred,
+        })  # fmt: skip
+    return rows
+
+
+def saved_per_layer(cfg: TPConfig, groups: TPGroups) -> list[int]:
+    """Bytes newly saved for backward during each layer's forward (MemoryTrace 'activations')."""
+    serials = [SerialBlock(cfg.model, i) for i in range(cfg.model.layers)]
+    blocks = [ParallelBlock(s, groups, cfg) for s in serials]
+    x, w = _block_inputs(cfg, groups)
+    per_layer = []
+    with MemoryTrace() as mt:
+        mt.watch(torch.nn.ModuleList(blocks))  # weights saved by F.linear stay "parameters"
+        y = x
+        for blk in blocks:
+            before = mt.live_bytes("activations")
+            y = blk(y, SEED)
+            per_layer.append(mt.live_bytes("activations") - before)
+        (y * w).sum().backward()
+    return per_layer
+
+
+def activation_rows(model: ModelConfig = MODEL) -> list[dict]:
+    """Saved-activation bytes per layer for the five modes vs ``activation_bytes_per_layer``."""
+    t = dist.get_world_size()
+    groups = TPGroups.from_world(t)
+    rows = []
+    for mode, (tm, sp, rc) in MODES.items():
+        tt = tm or t
+        g = TPGroups() if tt == 1 else groups
+        per_layer = saved_per_layer(TPConfig(model, tt, sp, rc), g)
+        pred = activations.activation_bytes_per_layer(
+            model.seq, BATCH, model.h, model.a, tt, mode, **activation_kwargs(model, Q)
+        )
+        ratios = [m / pred for m in per_layer]
+        rows.append({
+            "mode": mode, "t": tt, "measured_per_layer": per_layer, "predicted": pred,
+            "ratios": ratios, "worst_ratio": max(ratios, key=lambda r: abs(r - 1)),
+        })  # fmt: skip
+    return rows
+
+
+def check_all(model: ModelConfig = MODEL) -> dict | None:
+    """One launch: equality with one process, bytes sent, saved activations (rank 0 returns)."""
+    rep = {"t": dist.get_world_size(), "equality": equality_rows(model)}
+    rep["comm"] = comm_rows(model)
+    rep["activations"] = activation_rows(model)
+    return rep if dist.get_rank() == 0 else None
+
+
+def timed(fn, steps: int) -> float:
+    """Median seconds of ``fn()`` over ``steps`` calls."""
+    out = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return sorted(out)[len(out) // 2]
