@@ -91,3 +91,23 @@ def _mesh(args: argparse.Namespace):
     return mesh_report(
         args.gpus, args.dp, args.tp, args.pp, args.cp, rank=args.rank, ep=args.ep, etp=args.etp
     )
+
+
+def _plan(args: argparse.Namespace):
+    from shardlab.widgets.planner import PRESETS, planner_report
+
+    kwargs = dict(PRESETS[args.preset])
+    for name in PLAN_OPTIONS:
+        value = getattr(args, name)
+        if value is not None:
+            kwargs[name] = value
+    return planner_report(**kwargs)
+
+
+# planner_report's arguments that `shardlab plan` exposes (flag = name with - for _)
+PLAN_OPTIONS = (
+    "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "global_batch", "gpus",
+    "gpu_memory_gb", "gpus_per_node", "alpha_intra_us", "beta_intra_gbps", "alpha_inter_us",
+    "beta_inter_gbps", "peak_tflops", "efficiency", "reserve", "max_bubble", "microbatch",
+    "recipe", "gated", "dropout", "norm", "experts", "top_k", "top", "mark",
+)  # fmt: skip

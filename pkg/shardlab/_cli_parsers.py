@@ -270,3 +270,77 @@ def add_calculator_parsers(sub: argparse._SubParsersAction) -> None:
     )
     _add_json(p)
     p.set_defaults(func=_mesh)
+
+    add_plan_parser(sub)
+
+
+def add_plan_parser(sub: argparse._SubParsersAction) -> None:
+    """``shardlab plan``: rank layouts of a model on a cluster (accounting.planner)."""
+    from shardlab._cli_commands import _plan
+    from shardlab.accounting.memory import RECIPES
+    from shardlab.widgets.planner import PRESETS
+
+    p = sub.add_parser(
+        "plan",
+        help="rank layouts (D, t, p, c, ep, ZeRO, recompute, m, v) of a model on a cluster",
+        description="Checks every layout of the model on the cluster and ranks the feasible "
+        "ones by predicted step time, with per-rank peak memory by term (GB = 10^9 bytes), "
+        "communication time per axis and its hidden share, MFU; rejected layouts are counted "
+        "by reason. Options not given come from --preset.",
+    )
+    p.add_argument(
+        "--preset",
+        default="llama3-405b-8k",
+        choices=list(PRESETS),
+        help="starting values: Llama 3 405B at 8K or 128K context on 16,384 GPUs of 80 GB, "
+        "its mesh marked (default llama3-405b-8k)",
+    )
+    for flag, metavar, what in (
+        ("layers", "L", "transformer layers L (count)"),
+        ("hidden", "H", "hidden width h (elements)"),
+        ("heads", "A", "attention (query) heads (count)"),
+        ("kv-heads", "K", "key/value heads (count; = heads without grouped-query attention)"),
+        ("ffn", "F", "MLP width f (elements)"),
+        ("vocab", "V", "vocabulary size (tokens)"),
+        ("seq-len", "S", "sequence length s (tokens)"),
+        ("global-batch", "B", "global batch (sequences per optimizer step)"),
+        ("gpus", "G", "number of GPUs G (count)"),
+        ("gpu-memory-gb", "GB", "memory per GPU (GB, 10^9 bytes)"),
+        ("gpus-per-node", "N", "GPUs per node, the fast-link domain (count)"),
+        ("alpha-intra-us", "US", "latency α inside a node (microseconds per round)"),
+        ("beta-intra-gbps", "GBPS", "bandwidth β inside a node (GB/s per GPU, 10^9 bytes/s)"),
+        ("alpha-inter-us", "US", "latency α across nodes (microseconds per round)"),
+        ("beta-inter-gbps", "GBPS", "bandwidth β across nodes (GB/s per GPU, 10^9 bytes/s)"),
+        ("peak-tflops", "TF", "peak dense FLOP rate per GPU (TFLOP/s, 10^12 FLOP/s)"),
+        ("efficiency", "E", "achievable fraction of the peak (0-1; default 0.6)"),
+        ("reserve", "R", "fraction of GPU memory kept free (0-1; default 0.1)"),
+        ("max-bubble", "X", "largest pipeline idle fraction accepted (0-1; default 0.25)"),
+        ("microbatch", "B", "sequences per microbatch b (count; default 1)"),
+        ("experts", "E", "MoE experts per layer (count; default 1 = dense)"),
+        ("top-k", "K", "experts per token (count; default 1)"),
+        ("top", "N", "feasible layouts to show (count; default 10)"),
+    ):
+        p.add_argument(f"--{flag}", type=_number, default=None, metavar=metavar, help=what)
+    p.add_argument(
+        "--recipe", choices=list(RECIPES), default=None,
+        help="precision recipe, bytes per parameter (default mixed-adam-16)",
+    )  # fmt: skip
+    p.add_argument(
+        "--gated", action=argparse.BooleanOptionalAction, default=None,
+        help="gated (SwiGLU, 3 matrices) MLP, or --no-gated for a GeLU MLP (default gated)",
+    )  # fmt: skip
+    p.add_argument(
+        "--dropout", action=argparse.BooleanOptionalAction, default=None,
+        help="dropout in the layer (saved masks; default off, as in Llama)",
+    )  # fmt: skip
+    p.add_argument(
+        "--norm", choices=["rmsnorm", "layernorm"], default=None,
+        help="normalisation layer (default rmsnorm)",
+    )  # fmt: skip
+    p.add_argument(
+        "--mark", default=None, metavar="FIELDS",
+        help="layouts to locate in the ranking, e.g. 't=8,c=1,p=16,D=128' (fields D t p c ep "
+        "zero recompute m v; several separated by ';'; default: the preset's Llama 3 mesh)",
+    )  # fmt: skip
+    _add_json(p)
+    p.set_defaults(func=_plan)

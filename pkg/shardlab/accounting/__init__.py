@@ -9,9 +9,11 @@ Pure Python; importing it never imports torch. Modules:
 ``pipeline``     bubble formulas, schedule generator and event-driven simulator
 ``mesh``         device meshes (G = D t p c), rank <-> coordinates, groups, MoE folding
 ``expert``       MoE expert capacity and dispatch/return all-to-all bytes
+``compute``      FLOPs per token (6N + attention), recompute FLOPs, time, MFU, collective roofline
+``planner``      layouts (D, t, p, c, ep, ZeRO, recompute, m, v) checked, costed and ranked
 """
 
-from . import activations, comm, expert, memory, mesh, peak, pipeline
+from . import activations, comm, compute, expert, memory, mesh, peak, pipeline, planner
 from .activations import (
     MODES,
     ActivationRow,
@@ -32,6 +34,15 @@ from .comm import (
     sent_bytes,
     step_volume,
     tp_volume,
+)
+from .compute import (
+    ModelShape,
+    Roofline,
+    collective_roofline,
+    compute_time,
+    flops_per_token,
+    mfu,
+    recompute_flops_per_token,
 )
 from .memory import (
     GB,
@@ -67,8 +78,21 @@ from .pipeline import (
     simulate,
     utilization,
 )
+from .planner import Cluster, Plan, plan
 
 __all__ = [
+    "Cluster",
+    "ModelShape",
+    "Plan",
+    "Roofline",
+    "collective_roofline",
+    "compute",
+    "compute_time",
+    "flops_per_token",
+    "mfu",
+    "plan",
+    "planner",
+    "recompute_flops_per_token",
     "ACTION_KINDS",
     "ALGOS",
     "AXES",

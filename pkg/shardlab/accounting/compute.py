@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import _validate as v
+from .activations import NORMS
 from .comm import collectives_time, sent_bytes
 
 RECOMPUTE = ("none", "selective", "full")
@@ -231,6 +232,10 @@ def collective_roofline(
 class ModelShape:
     """A decoder-only transformer: the shape the compute model and the planner read.
 
+    The defaults describe a Llama-style layer (gated SwiGLU MLP, no dropout, RMSNorm); a
+    GPT-style layer as Korthikanti et al. analyse it is ``gated=False, dropout=True,
+    norm="layernorm"`` with ``ffn = 4 h`` and ``kv_heads = heads``.
+
     Parameters per layer: attention ``2 h^2 + 2 h h_kv`` (``W_Q``, ``W_O``; ``W_K``, ``W_V``
     with ``h_kv = kv_heads * h / heads``), MLP ``k h f`` per expert (``k = 3`` gated/SwiGLU,
     ``2`` for a GeLU MLP), a router of ``h E`` when ``experts > 1``, two norms of ``h``.
@@ -250,6 +255,8 @@ class ModelShape:
     experts: int = 1
     top_k: int = 1
     tied_embeddings: bool = False
+    dropout: bool = False
+    norm: str = "rmsnorm"
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len",
@@ -257,12 +264,21 @@ class ModelShape:
             object.__setattr__(self, name, v.positive_int(name, getattr(self, name)))
         v.flag("gated", self.gated)
         v.flag("tied_embeddings", self.tied_embeddings)
+        v.flag("dropout", self.dropout)
+        v.choice("norm", self.norm, tuple(NORMS))
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}")
         if self.heads % self.kv_heads:
             raise ValueError(f"kv_heads={self.kv_heads} does not divide heads={self.heads}")
         if self.top_k > self.experts:
             raise ValueError(f"top_k={self.top_k} exceeds experts={self.experts}")
+
+    @property
+    def activation_layer(self) -> dict[str, object]:
+        """Keyword arguments of :func:`.activations.activation_bytes_per_layer` for this layer:
+        its MLP width, dropout and norm. (A gated MLP's third ``f``-wide tensor and grouped-query
+        attention's smaller K/V are not parameters of that formula; they are not counted.)"""
+        return {"ffn": self.ffn, "dropout": self.dropout, "norm": self.norm}
 
     @property
     def head_dim(self) -> int:

@@ -100,6 +100,14 @@ LLAMA3_CLUSTER = dict(gpus=16384, gpu_memory=80e9, gpus_per_node=8, alpha_intra=
                       beta_intra=300e9, alpha_inter=10e-6, beta_inter=50e9, peak_flops=989e12)  # fmt: skip
 
 
+# Llama 3 405B, Table 4 of the report: about 16M tokens per step at both context lengths
+# (2,048 sequences of 8,192 tokens; 128 of 131,072) and the two meshes it used.
+LLAMA3_CONFIGS = {
+    "8k": {"seq_len": 8192, "global_batch": 2048, "layout": {"t": 8, "c": 1, "p": 16, "D": 128}},
+    "128k": {"seq_len": 131072, "global_batch": 128, "layout": {"t": 8, "c": 16, "p": 16, "D": 8}},
+}
+
+
 @dataclass(frozen=True)
 class Layout:
     """One layout. In a :class:`Rejection`, ``None`` fields mean "every value"."""
@@ -263,10 +271,11 @@ def _geometry(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts) -> list:
     model_flops = model.flops_per_token("step", o.causal) * o.batch * model.seq_len
     # ---- per recompute mode: saved activations per layer, scratch, extra FLOPs
     per_rec = {}
+    layer = model.activation_layer  # Llama- or GPT-style constants of accounting.activations
     for rc in recs:
         mode = RECOMPUTE_MODES[rc]
-        a_l = act.activation_bytes_per_layer(s_loc, o.b, h, model.heads, t, mode)
-        kept = act.activation_bytes_per_layer(s_loc, o.b, h, model.heads, t, "tp_sp")
+        a_l = act.activation_bytes_per_layer(s_loc, o.b, h, model.heads, t, mode, **layer)
+        kept = act.activation_bytes_per_layer(s_loc, o.b, h, model.heads, t, "tp_sp", **layer)
         scratch = {"none": 0.0, "selective": kept - a_l, "full": kept}[rc]
         r_flops = layers_rank * {"none": 0.0, "selective": attn_tok, "full": layer_fwd}[rc] * tokens
         per_rec[rc] = (a_l, scratch, r_flops)
@@ -483,6 +492,22 @@ class Plan:
     def compare(self, better: Candidate, worse: Candidate) -> dict[str, float]:
         """Seconds per step by which each time term of ``worse`` exceeds ``better``'s."""
         return {k: worse.times[k] - better.times[k] for k in better.times}
+
+    def explain(self, cand: Candidate, against: Candidate | None = None, terms: int = 3) -> str:
+        """One sentence: where ``cand`` ranks and which time terms put ``against`` (default:
+        the first-ranked layout) ahead of it, largest differences first."""
+        top = self.feasible[0] if against is None else against
+        rank = self.rank_of(cand)
+        if top is cand:
+            return f"{cand.layout.label} ranks 1 of {len(self.feasible)}."
+        diff = sorted(self.compare(top, cand).items(), key=lambda kv: -abs(kv[1]))[:terms]
+        parts = ", ".join(f"{k.replace('_', ' ')} {d:+.2f} s" for k, d in diff if d)
+        return (
+            f"{cand.layout.label} ranks {rank} of {len(self.feasible)} "
+            f"({cand.step_time:.2f} s per step, MFU {cand.mfu:.1%}); "
+            f"{top.layout.label} takes {top.step_time:.2f} s (MFU {top.mfu:.1%}). "
+            f"Per step it spends, relative to that layout: {parts}."
+        )
 
 
 def plan(
