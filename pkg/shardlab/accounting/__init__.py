@@ -11,9 +11,10 @@ Pure Python; importing it never imports torch. Modules:
 ``expert``       MoE expert capacity and dispatch/return all-to-all bytes
 ``compute``      FLOPs per token (6N + attention), recompute FLOPs, time, MFU, collective roofline
 ``planner``      layouts (D, t, p, c, ep, ZeRO, recompute, m, v) checked, costed and ranked
+``wire``         what gloo / NCCL algorithms really send per rank (beside the ring model)
 """
 
-from . import activations, comm, compute, expert, memory, mesh, peak, pipeline, planner
+from . import activations, comm, compute, expert, memory, mesh, peak, pipeline, planner, wire
 from .activations import (
     MODES,
     ActivationRow,
@@ -79,6 +80,7 @@ from .pipeline import (
     utilization,
 )
 from .planner import Cluster, Plan, plan
+from .wire import backend_sent_bytes, binomial_children, gloo_sent_bytes
 
 __all__ = [
     "Cluster",
@@ -150,4 +152,8 @@ __all__ = [
     "step_volume",
     "tp_volume",
     "utilization",
+    "wire",
+    "backend_sent_bytes",
+    "binomial_children",
+    "gloo_sent_bytes",
 ]

@@ -5,7 +5,9 @@ how one call becomes a :class:`CommRecord`.
 ``_FUNCOL`` each ``_c10d_functional`` operator (DTensor) to the recorded op name and the
 argument that holds the *full* tensor. :func:`_build_record` reads the group size, element
 count, bytes and peer from a bound call and computes the per-rank sent bytes with
-``shardlab.accounting.comm.ring_sent_bytes`` (the only formula; see the trace_comm docstring).
+``shardlab.accounting.comm.ring_sent_bytes`` (the only formula; see the trace_comm docstring)
+and the bytes of the backend's own algorithm with ``shardlab.accounting.wire``
+(``backend_bytes``). ``wire_bytes`` is filled in by the trace from :mod:`shardlab.dist.wire`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ class CommRecord:
     peer: int | None = None  # destination/source rank for send/recv, root for rooted ops
     start: float = 0.0  # seconds since the trace began
     index: int = 0
+    # added for the wire column (shardlab.dist.wire); the fields above are unchanged
+    backend: str = ""  # the process group's backend, e.g. "gloo"
+    backend_bytes: float | None = None  # payload of the backend's algorithm (accounting.wire)
+    wire_bytes: int | None = None  # measured socket bytes of this op alone (blocking ops)
+    wire_note: str = ""  # why wire_bytes is None ("async: ...", "not measurable: ...")
+    device: str = "cpu"  # device type of the communicated tensors
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -96,27 +104,55 @@ _FUNCOL = {
 }
 
 
-def _group_size_and_rank(pg) -> tuple[int, int]:
+def _backend_name(pg) -> str:
+    try:
+        return str(pg.name())
+    except Exception:
+        return ""
+
+
+def _default_group() -> tuple[int, int, str]:
+    import torch.distributed as dist
+
+    try:
+        backend = str(dist.get_backend())
+    except Exception:
+        backend = ""
+    return int(dist.get_world_size()), int(dist.get_rank()), backend
+
+
+def _group_size_and_rank(pg) -> tuple[int, int, str]:
     import torch.distributed as dist
 
     try:
         if not isinstance(pg, dist.ProcessGroup):
             pg = dist.ProcessGroup.unbox(pg)
-        return int(pg.size()), int(pg.rank())
+        return int(pg.size()), int(pg.rank()), _backend_name(pg)
     except Exception:
-        return int(dist.get_world_size()), int(dist.get_rank())
+        return _default_group()
 
 
-def _resolve_group_name(name) -> tuple[int, int]:
+def _resolve_group_name(name) -> tuple[int, int, str]:
     try:
         from torch.distributed.distributed_c10d import _resolve_process_group
 
         pg = _resolve_process_group(name)
-        return int(pg.size()), int(pg.rank())
+        return int(pg.size()), int(pg.rank()), _backend_name(pg)
     except Exception:
-        import torch.distributed as dist
+        return _default_group()
 
-        return int(dist.get_world_size()), int(dist.get_rank())
+
+def _backend_bytes(backend, op, nbytes, d, me, root) -> float | None:
+    """Per-rank payload of the backend's own algorithm (``accounting.wire``), or None."""
+    from shardlab.accounting.wire import BACKENDS, backend_sent_bytes
+
+    if backend not in BACKENDS:
+        return None
+    if op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"):
+        if op == "broadcast" and root is None:
+            return None
+        return float(backend_sent_bytes(backend, op, nbytes, d, me, root or 0))
+    return None
 
 
 def _build_record(ns, name, op, full_arg, bound, out, phase, index) -> CommRecord:
@@ -124,10 +160,10 @@ def _build_record(ns, name, op, full_arg, bound, out, phase, index) -> CommRecor
     from shardlab.accounting.comm import ring_sent_bytes
 
     if ns == "c10d":
-        d, me = _group_size_and_rank(bound.get("process_group"))
+        d, me, backend = _group_size_and_rank(bound.get("process_group"))
     else:
         gname = bound.get("group_name")
-        d, me = _resolve_group_name(gname)
+        d, me, backend = _resolve_group_name(gname)
         if bound.get("group_size") is not None:
             d = int(bound["group_size"])
     peer = None
@@ -168,6 +204,10 @@ def _build_record(ns, name, op, full_arg, bound, out, phase, index) -> CommRecor
         sent = 0.0
     if not ts and op not in ("barrier",):
         ts = list(_flat(out))
+    if op in ("send", "recv", "gather", "scatter", "barrier"):
+        algo = sent  # what the transport is handed (point-to-point) or nothing (barrier)
+    else:
+        algo = _backend_bytes(backend, op, nbytes, d, me, peer)
     return CommRecord(
         op=op,
         group_size=d,
@@ -181,4 +221,7 @@ def _build_record(ns, name, op, full_arg, bound, out, phase, index) -> CommRecor
         async_op=None if async_op is None else bool(async_op),
         peer=None if peer is None else int(peer),
         index=index,
+        backend=backend,
+        backend_bytes=algo,
+        device=ts[0].device.type if ts else "cpu",
     )

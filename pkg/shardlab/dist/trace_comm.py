@@ -9,7 +9,9 @@ Usage (inside a rank started by :func:`shardlab.dist.launch`)::
         with tr.phase("backward"):
             loss.backward()
     tr.sent_bytes(phase="backward")      # per-rank bytes sent under the ring model
+    tr.wire_bytes(phase="backward")      # bytes this rank really wrote to its sockets
     print(tr.table())
+    print(tr.wire_table())               # ring model | backend's algorithm | wire, per op
     return tr.records                     # CommRecord objects pickle back to the caller
 
 How it works
@@ -32,7 +34,22 @@ Sent bytes
     bytes handed to the transport, not a model). ``reduce`` has no ring model in
     ``shardlab.accounting`` and is recorded with ``sent_bytes=None``; ``barrier`` with 0.
     The numbers are what the ring algorithm sends, not what gloo or NCCL actually chose to do
-    on the wire (gloo's all-reduce on small tensors is not a ring, NCCL may use trees).
+    on the wire; the next two fields say that.
+
+Backend bytes and wire bytes (added fields; the ones above are unchanged)
+    ``backend_bytes``: the payload of the algorithm the backend really runs,
+    ``shardlab.accounting.wire.backend_sent_bytes`` (gloo: reduce-scatter is an all-reduce of
+    the whole input, 2x the ring model; broadcast is a binomial tree, the root sends
+    ``ceil(log2 D)`` copies and leaves none). ``wire_bytes``: what this rank *measurably*
+    wrote to its TCP sockets during the operation (:mod:`shardlab.dist.wire`: Linux
+    ``TCP_INFO`` counters; stdout and file writes are not sockets and do not count), for a
+    blocking collective issued while no asynchronous operation of the trace is in flight — the
+    trace then waits for it inside the call, so the window holds this collective alone.
+    Asynchronous operations overlap, so their ``wire_bytes`` is None (``wire_note`` says why)
+    and their bytes are in :meth:`CommTrace.wire_bytes` of the phase open when they were
+    written, i.e. per step or per phase. On nccl / CUDA tensors and off Linux every wire value
+    is None and :attr:`CommTrace.wire_note` says "not measurable: ..." — NVLink and InfiniBand
+    traffic never passes through the process's sockets, so any number would be wrong.
 
 Wall time
     From the moment the operation is issued until its ``Work`` future completes (callback on
@@ -65,7 +82,7 @@ What it cannot see
       reaches autograd's device threads — not verified on this CPU-only build);
     * operations inside a ``torch.compile``-d region whose collectives were traced into the
       compiled graph (the mode sees only what runs eagerly);
-    * the algorithm the backend really used and the bytes on the wire (see Sent bytes);
+    * the bytes on the wire of GPU backends (see Backend bytes and wire bytes);
     * DDP's bucket all-reduces while ``no_sync()`` is active are not issued, so they are
       correctly absent.
 
@@ -87,7 +104,9 @@ import weakref
 
 from shardlab.dist import _phase
 from shardlab.dist._comm_ops import _C10D, _FUNCOL, CommRecord, _build_record, _flat
+from shardlab.dist._comm_table import format_table, format_wire_table, wire_rows
 from shardlab.dist._phase import PhaseLabels, phase
+from shardlab.dist.wire import WireMeter, not_measurable_reason
 
 __all__ = ["CommTrace", "CommRecord", "phase", "OVERHEAD"]
 
@@ -109,7 +128,9 @@ class CommTrace(PhaseLabels):
 
     ``records``: list of :class:`CommRecord`. ``phase(name)``: context manager labelling the
     records issued inside it (``shardlab.dist.phase`` labels every active trace at once).
-    ``sent_bytes(phase=None, op=None)``, ``count(...)``, ``summary()``, ``table()``.
+    ``sent_bytes(phase=None, op=None)``, ``count(...)``, ``summary()``, ``table()``;
+    measured: ``wire_bytes(phase=None, op=None)``, ``backend_bytes(...)``, ``wire_table()``,
+    ``wire_note`` (None, or why the wire is not measurable here).
     """
 
     def __init__(self):
@@ -118,12 +139,16 @@ class CommTrace(PhaseLabels):
         self._mode = None
         self._t0 = time.perf_counter()
         self._pending: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._wire = WireMeter(not_measurable_reason())
+        self._inflight: list = []  # c10d Work objects of asynchronous operations
 
-    # -- phases
+    # -- phases (the wire bytes written so far belong to the phase that is ending/outer)
     def _push_phase(self, name: str) -> None:
+        self._wire.mark(self.current_phase)
         self._phases.append(str(name))
 
     def _pop_phase(self) -> None:
+        self._wire.mark(self.current_phase)
         if self._phases:
             self._phases.pop()
 
@@ -149,6 +174,8 @@ class CommTrace(PhaseLabels):
                 return func(*args, **(kwargs or {}))
 
         self._t0 = time.perf_counter()
+        self._wire = WireMeter(_backend_reason())
+        self._wire.start()
         self._mode = _Mode()
         self._mode.__enter__()
         _phase.register(self)
@@ -156,6 +183,7 @@ class CommTrace(PhaseLabels):
 
     def __exit__(self, *exc):
         _phase.unregister(self)
+        self._wire.stop(self.current_phase)
         mode, self._mode = self._mode, None
         return mode.__exit__(*exc)
 
@@ -180,6 +208,10 @@ class CommTrace(PhaseLabels):
                 bound[a.name] = kwargs[a.name]
             elif a.has_default_value():
                 bound[a.name] = a.default_value
+        blocking = ns == "c10d" and bound.get("async_op") is False
+        alone = blocking and self._nothing_in_flight()
+        if alone:
+            self._wire.mark(self.current_phase)  # what came before is not this op's
         start = time.perf_counter()
         out = func(*args, **kwargs)
         issue = time.perf_counter() - start
@@ -189,13 +221,34 @@ class CommTrace(PhaseLabels):
         if ns == "c10d":
             work = out[-1] if isinstance(out, tuple) else out
             self._on_complete(work, rec)
+            self._note_wire(rec, work, blocking, alone)
         else:
+            rec.wire_note = self._wire.reason or "async: counted in its phase total"
             for t in _flat(out):
                 try:
                     self._pending[t] = rec
                 except TypeError:
                     pass
         return out
+
+    def _nothing_in_flight(self) -> bool:
+        """No asynchronous operation of this trace is still moving bytes."""
+        self._inflight = [w for w in self._inflight if not _completed(w)]
+        return not self._inflight and len(self._pending) == 0
+
+    def _note_wire(self, rec, work, blocking, alone):
+        if self._wire.reason is not None:
+            rec.wire_note = self._wire.reason
+        elif rec.device != "cpu":
+            rec.wire_note = not_measurable_reason(rec.backend, rec.device)
+        elif not blocking:
+            rec.wire_note = "async: counted in its phase total"
+            self._inflight.append(work)
+        elif not alone:
+            rec.wire_note = "overlapped: an asynchronous operation was in flight"
+        else:
+            _unbox(work).wait()  # the caller waits next anyway; the window must hold it all
+            rec.wire_bytes = self._wire.mark(self.current_phase)
 
     def _on_complete(self, work, rec):
         try:
@@ -218,8 +271,6 @@ class CommTrace(PhaseLabels):
         )
         self.records.append(rec)
         return rec
-        self.records.append(rec)
-        return rec
 
     # -- summaries
     def select(self, phase=None, op=None) -> list[CommRecord]:
@@ -233,6 +284,39 @@ class CommTrace(PhaseLabels):
     def sent_bytes(self, phase=None, op=None) -> float:
         """Total per-rank sent bytes of the selected records (records without a model skip)."""
         return float(sum(r.sent_bytes for r in self.select(phase, op) if r.sent_bytes is not None))
+
+    def wire_bytes(self, phase=None, op=None) -> int | None:
+        """Bytes this rank wrote to its sockets (measured; None where not measurable).
+
+        Without ``op``: everything written while ``phase`` was the innermost phase label
+        (``phase=None``: the whole trace), asynchronous traffic included. With ``op``: the sum
+        of the selected records' own ``wire_bytes``, None if any of them could not be isolated.
+        """
+        if op is None:
+            return self._wire.total(phase)
+        ws = [r.wire_bytes for r in self.select(phase, op)]
+        return None if any(w is None for w in ws) else int(sum(ws))
+
+    def backend_bytes(self, phase=None, op=None) -> float:
+        """Sum of the selected records' ``backend_bytes`` (the backend's own algorithm)."""
+        return float(
+            sum(r.backend_bytes for r in self.select(phase, op) if r.backend_bytes is not None)
+        )
+
+    @property
+    def wire_note(self) -> str | None:
+        """None if wire bytes are measured, else the "not measurable: ..." reason."""
+        return self._wire.reason
+
+    def wire_table(self) -> str:
+        """Every operation with ring-model, backend-algorithm and wire bytes, and phase totals.
+
+        Deterministic for a given program and backend version (no timings)."""
+        backend = next((r.backend for r in self.records if r.backend), "backend")
+        text = format_wire_table(
+            wire_rows(self.records, self._wire.by_phase, self.wire_note), backend
+        )
+        return text if self.wire_note is None else f"wire: {self.wire_note}\n{text}"
 
     def count(self, phase=None, op=None) -> int:
         return len(self.select(phase, op))
@@ -266,41 +350,36 @@ class CommTrace(PhaseLabels):
         return format_table(self.summary(), seconds=seconds)
 
     def __getstate__(self):
-        return {"records": self.records, "_phases": [], "_t0": 0.0}
+        return {"records": self.records, "_phases": [], "_t0": 0.0, "_wire": self._wire}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._mode = None
         self._pending = weakref.WeakKeyDictionary()
+        self._inflight = []
+        if "_wire" not in state:
+            self._wire = WireMeter("not measurable: trace pickled without wire counts")
 
 
-def format_table(rows: list[dict], seconds: bool = False) -> str:
-    cols = ["phase", "op", "group_size", "dtype", "calls", "numel", "sent_bytes"]
-    if seconds:
-        cols.append("seconds")
-    head = ["phase", "op", "D", "dtype", "calls", "elements", "sent bytes"] + (
-        ["seconds"] if seconds else []
-    )
+def _unbox(work):
+    import torch.distributed as dist
 
-    def fmt(c, v):
-        if c == "sent_bytes":
-            return f"{v:,.0f}"
-        if c == "seconds":
-            return f"{v:.4f}"
-        if c == "numel":
-            return f"{v:,}"
-        return str(v)
+    return work if isinstance(work, dist.Work) else dist.Work.unbox(work)
 
-    body = [[fmt(c, row[c]) for c in cols] for row in rows]
-    widths = [
-        max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)
-    ]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
-    lines.append("  ".join("-" * w for w in widths))
-    for b in body:
-        lines.append(
-            "  ".join(
-                x.rjust(w) if i >= 4 else x.ljust(w) for i, (x, w) in enumerate(zip(b, widths))
-            )
-        )
-    return "\n".join(lines)
+
+def _completed(work) -> bool:
+    try:
+        return bool(_unbox(work).is_completed())
+    except Exception:
+        return True  # an object we cannot ask is not something we can wait for either
+
+
+def _backend_reason() -> str | None:
+    """Why the default group's traffic is not measurable (None for gloo on Linux)."""
+    try:
+        import torch.distributed as dist
+
+        backend = dist.get_backend() if dist.is_initialized() else "gloo"
+    except Exception:
+        backend = None
+    return not_measurable_reason(backend)

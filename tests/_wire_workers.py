@@ -1,0 +1,63 @@
+"""Rank functions for tests/test_wire_*.py (spawned ranks import them by name)."""
+
+from __future__ import annotations
+
+NUMEL = 12 * 25_000  # 1.2 MB of fp32; divisible by 2, 3 and 4
+
+
+def _wchar() -> int:
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("wchar:"):
+                return int(line.split()[1])
+    raise RuntimeError("no wchar in /proc/self/io")
+
+
+def collectives(numel=NUMEL):
+    """Every collective once, blocking, inside a CommTrace; plus checks of the counter."""
+    import torch
+    import torch.distributed as dist
+    from shardlab.dist import CommTrace
+    from shardlab.dist.wire import socket_bytes_written
+
+    d, r = dist.get_world_size(), dist.get_rank()
+    x = torch.ones(numel)
+    out = {}
+    with CommTrace() as tr:
+        with tr.phase("all_reduce"):
+            dist.all_reduce(x)
+        with tr.phase("all_gather"):
+            dist.all_gather_into_tensor(torch.empty(numel), torch.ones(numel // d))
+        with tr.phase("all_gather_list"):
+            dist.all_gather([torch.empty(numel // d) for _ in range(d)], torch.ones(numel // d))
+        with tr.phase("reduce_scatter"):
+            dist.reduce_scatter_tensor(torch.empty(numel // d), x)
+        with tr.phase("reduce_scatter_list"):
+            dist.reduce_scatter(torch.empty(numel // d), list(x.chunk(d)))
+        with tr.phase("all_to_all"):
+            dist.all_to_all_single(torch.empty(numel), x)
+        for root in range(d):
+            with tr.phase(f"broadcast_root{root}"):
+                dist.broadcast(x, root)
+        with tr.phase("async"):
+            works = [dist.all_reduce(torch.ones(numel), async_op=True) for _ in range(2)]
+            dist.all_reduce(torch.ones(numel))  # blocking, but two async ones are in flight
+            for w in works:
+                w.wait()
+        dist.barrier()
+        # wchar (every write of the process) against the socket counter around one collective
+        w0, s0 = _wchar(), socket_bytes_written()
+        dist.all_gather_into_tensor(torch.empty(numel), torch.ones(numel // d))
+        w1, s1 = _wchar(), socket_bytes_written()
+        out["wchar_vs_socket"] = (w1 - w0, s1 - s0)
+        w0, s0 = _wchar(), socket_bytes_written()
+        print("x" * 1000, flush=True)
+        w1, s1 = _wchar(), socket_bytes_written()
+        out["print"] = (w1 - w0, s1 - s0)
+    out["records"] = tr.records
+    out["phases"] = {p: tr.wire_bytes(phase=p) for p in tr._wire.by_phase}
+    out["total"] = tr.wire_bytes()
+    out["table"] = tr.wire_table()
+    out["note"] = tr.wire_note
+    out["rank"] = r
+    return out
