@@ -8,6 +8,7 @@ Pure Python; importing it never imports torch. Modules:
 ``comm``         ring/tree collective volumes, alpha-beta time, per-step volumes
 ``pipeline``     bubble formulas, schedule generator and event-driven simulator
 ``mesh``         device meshes (G = D t p c), rank <-> coordinates, groups, MoE folding
+``context``      context parallelism: K/V bytes sent per layer (ring, all-gather), attention memory
 ``expert``       MoE expert capacity and dispatch/return all-to-all bytes
 ``compute``      FLOPs per token (6N + attention), recompute FLOPs, time, MFU, collective roofline
 ``planner``      layouts (D, t, p, c, ep, ZeRO, recompute, m, v) checked, costed and ranked
@@ -45,6 +46,7 @@ from .compute import (
     mfu,
     recompute_flops_per_token,
 )
+from .context import attention_memory, cp_volume, kv_heads_per_rank
 from .memory import (
     GB,
     LAYOUTS,
@@ -128,6 +130,10 @@ __all__ = [
     "bubble_time",
     "collectives_time",
     "comm",
+    "context",
+    "cp_volume",
+    "attention_memory",
+    "kv_heads_per_rank",
     "expert",
     "fsdp_gathered_units_alive",
     "get_recipe",
