@@ -211,11 +211,142 @@ def check_all(model: ModelConfig = MODEL) -> dict | None:
     return rep if dist.get_rank() == 0 else None
 
 
-def timed(fn, steps: int) -> float:
-    """Median seconds of ``fn()`` over ``steps`` calls."""
-    out = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return sorted(out)[len(out) // 2]
+# ----------------------------------------------------------------- PyTorch's DTensor TP
+def dtensor_stack(model: ModelConfig, sp: bool):
+    """SerialGPT's blocks sharded by ``parallelize_module`` on a 1-D CPU mesh of all ranks:
+    ColwiseParallel q/k/v/fc, RowwiseParallel o/proj, and with ``sp`` SequenceParallel norms
+    (the column layers all-gather a Shard(1) input, the row layers reduce-scatter to Shard(1))."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    inp = dict(input_layouts=Shard(1)) if sp else {}
+    out = dict(output_layouts=Shard(1)) if sp else {}
+    plan = {
+        **{p: ColwiseParallel(**inp) for p in ("q_proj", "k_proj", "v_proj", "fc")},
+        **{p: RowwiseParallel(**out) for p in ("o_proj", "proj")},
+        **({"ln1": SequenceParallel(), "ln2": SequenceParallel()} if sp else {}),
+    }
+    blocks = SerialGPT(model).blocks
+    for blk in blocks:
+        parallelize_module(blk, mesh, plan)
+    return blocks
+
+
+def our_stack(model: ModelConfig, sp: bool, groups: TPGroups, recompute: str = "none"):
+    cfg = TPConfig(model, groups.tp, sp, recompute)
+    return torch.nn.ModuleList(ParallelBlock(b, groups, cfg) for b in SerialGPT(model).blocks)
+
+
+def _run_stack(blocks, x, w, seed=SEED):
+    y = x
+    for blk in blocks:
+        y = blk(y, seed)
+    (y * w).sum().backward()
+    return y
+
+
+def dtensor_rows(model: ModelConfig = MODEL) -> list[dict]:
+    """Ours vs DTensor on the same blocks, input and dropout masks: max |difference| of the
+    output, the input gradient and the (gathered) weight gradients of q_proj and fc."""
+    t = dist.get_world_size()
+    groups = TPGroups.from_world(t)
+    rows = []
+    for sp in (False, True):
+        cfg = TPConfig(model, t, sp)
+        x, w = _block_inputs(cfg, groups)
+        xd = x.detach().clone().requires_grad_()
+        ours, theirs = our_stack(model, sp, groups), dtensor_stack(model, sp)
+        y1, y2 = _run_stack(ours, x, w), _run_stack(theirs, xd, w)
+        g_ours = full_grads_blocks(ours, groups)
+        g_theirs = {
+            n: p.grad.full_tensor() for n, p in theirs.named_parameters() if "proj" in n or "fc" in n
+        }
+        rows.append({
+            "sp": sp, "output": _maxdiff(y1, y2), "input_grad": _maxdiff(x.grad, xd.grad),
+            "weight_grads": max(_maxdiff(g_ours[n], g_theirs[n]) for n in g_theirs),
+            "n_weight_grads": len(g_theirs),
+        })  # fmt: skip
+    return rows
+
+
+def full_grads_blocks(blocks, groups: TPGroups) -> dict[str, torch.Tensor]:
+    """Gathered q/k/v/o/fc/proj gradients of our blocks, under SerialBlock's names."""
+    t, out = groups.tp, {}
+    for i, blk in enumerate(blocks):
+        for name in ("weight", "bias"):
+            full = _gather(getattr(blk.attn.qkv, name).grad, 0, groups)
+            per_rank = [c.chunk(3) for c in full.chunk(t)]
+            for j, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+                out[f"{i}.{proj}.{name}"] = torch.cat([r[j] for r in per_rank])
+        out[f"{i}.o_proj.weight"] = _gather(blk.attn.o.weight.grad, 1, groups)
+        out[f"{i}.fc.weight"] = _gather(blk.mlp.fc.weight.grad, 0, groups)
+        out[f"{i}.fc.bias"] = _gather(blk.mlp.fc.bias.grad, 0, groups)
+        out[f"{i}.proj.weight"] = _gather(blk.mlp.proj.weight.grad, 1, groups)
+        for name in ("o_proj.bias", "proj.bias"):  # replicated: summed over shards under SP
+            mod = blk.attn.o if name.startswith("o") else blk.mlp.proj
+            out[f"{i}.{name}"] = all_reduce_if_sp(mod.bias, groups)
+    return out
+
+
+def all_reduce_if_sp(p, groups):
+    from tensor import all_reduce
+
+    return all_reduce(p.grad, groups) if getattr(p, "sequence_parallel", False) else p.grad
+
+
+def benchmark(steps: int = 10, sp: bool = False, batch: int = 4, **model_kw) -> dict | None:
+    """Median step time (forward + backward + SGD step of the block stack) and peak live
+    bytes of one step (MemoryTrace): ours vs DTensor ``parallelize_module``, same blocks."""
+    model = ModelConfig(**model_kw)
+    t = dist.get_world_size()
+    groups = TPGroups.from_world(t)
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(batch, model.seq, model.h, generator=gen)
+    w = torch.randn(batch, model.seq, model.h, generator=gen)
+    if sp:
+        x, w = (z.chunk(t, dim=1)[groups.tp_rank].contiguous() for z in (x, w))
+    res: dict = {"model": model_kw, "batch": batch, "sp": sp, "t": t}
+    outs, steps_of = {}, {}
+    for name in ("ours", "dtensor"):
+        blocks = our_stack(model, sp, groups) if name == "ours" else dtensor_stack(model, sp)
+        opt = torch.optim.SGD(blocks.parameters(), lr=1e-3)
+        xi = x.clone().requires_grad_()
+
+        def step(blocks=blocks, opt=opt, xi=xi, ours=name == "ours"):
+            opt.zero_grad()
+            y = xi
+            for blk in blocks:
+                y = blk(y, SEED)
+            (y * w).sum().backward()
+            if sp and ours:
+                sync_sequence_parallel_grads(blocks, groups)
+            opt.step()
+            return y
+
+        outs[name] = step().detach()  # first step: the outputs compared below
+        step()  # warm-up
+        with MemoryTrace() as mt:
+            mt.watch(blocks, opt)
+            step()
+        res[name] = {"peak_bytes": mt.peak}
+        steps_of[name] = step
+    times = {"ours": [], "dtensor": []}
+    for _ in range(steps):  # interleaved, so that load from other processes hits both alike
+        for name, fn in steps_of.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    for name, ts in times.items():
+        res[name]["step_s"] = sorted(ts)[len(ts) // 2]
+    res["max_abs_output"] = _maxdiff(outs["ours"], outs["dtensor"])
+    res["ratio_time"] = res["ours"]["step_s"] / res["dtensor"]["step_s"]
+    res["ratio_peak"] = res["ours"]["peak_bytes"] / res["dtensor"]["peak_bytes"]
+    return res if dist.get_rank() == 0 else None

@@ -89,7 +89,9 @@ class TPGroups:
     def shard(self, n: int, what: str) -> int:
         """``n / tp``, or a ValueError naming both numbers."""
         if n % self.tp:
-            raise ValueError(f"{what}={n} is not divisible by the tensor-parallel degree t={self.tp}")
+            raise ValueError(
+                f"{what}={n} is not divisible by the tensor-parallel degree t={self.tp}"
+            )
         return n // self.tp
 
 

@@ -101,36 +101,38 @@ class SerialBlock(nn.Module):
         super().__init__()
         self.c, self.layer = c, layer
         self.ln1, self.ln2 = nn.LayerNorm(c.h), nn.LayerNorm(c.h)
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
-            nn.Linear(c.h, c.h) for _ in range(4)
-        )
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(c.h, c.h) for _ in range(4))
         self.fc, self.proj = nn.Linear(c.h, c.ffn), nn.Linear(c.ffn, c.h)
 
     def forward(self, x: torch.Tensor, seed: int = 0) -> torch.Tensor:  # (b, s, h)
-        c, (b, s, _) = self.c, x.shape
+        c, b = self.c, x.shape[0]
         y = self.ln1(x)
         q, k, v = (p(y) for p in (self.q_proj, self.k_proj, self.v_proj))  # (b, s, h_local)
+        s = q.shape[1]  # the full sequence, also when DTensor's SequenceParallel shards x
         heads = q.shape[-1] // (c.h // c.a)  # from the local width: DTensor shards give a/t
-        lo = self._head_offset(q.shape[-1])
+        lo = _rank() * heads if heads < c.a else 0
         mask = dropout_mask((b, c.a, s, s), c.attn_dropout, seed, self.layer, "attn")
         mask = None if mask is None else mask[:, lo : lo + heads].clone()
         ctx = attention_core(*(split_heads(z, heads) for z in (q, k, v)), mask, c.attn_dropout)
         o = self.o_proj(merge_heads(ctx))
-        x = x + apply_dropout(o, self._out_mask(o, seed, "attn_out"), c.dropout)
+        x = x + apply_dropout(o, self._out_mask(o, s, seed, "attn_out"), c.dropout)
         m = self.proj(F.gelu(self.fc(self.ln2(x))))
-        return x + apply_dropout(m, self._out_mask(m, seed, "mlp_out"), c.dropout)
+        return x + apply_dropout(m, self._out_mask(m, s, seed, "mlp_out"), c.dropout)
 
-    def _head_offset(self, local_width: int) -> int:
-        """First head of this process (0 unless DTensor sharded the projections)."""
-        if local_width == self.c.h:
-            return 0
-        import torch.distributed as dist
+    def _out_mask(self, o: torch.Tensor, s: int, seed: int, site: str):
+        """The full (b, s, h) mask, or this rank's positions if ``o`` is a sequence shard."""
+        b, s_loc, h = o.shape
+        mask = dropout_mask((b, s, h), self.c.dropout, seed, self.layer, site)
+        if mask is None or s_loc == s:
+            return mask
+        return mask[:, _rank() * s_loc : (_rank() + 1) * s_loc].clone()
 
-        return dist.get_rank() * local_width // (self.c.h // self.c.a)
 
-    def _out_mask(self, o: torch.Tensor, seed: int, site: str):
-        b, s, h = o.shape
-        return dropout_mask((b, s, h), self.c.dropout, seed, self.layer, site)
+def _rank() -> int:
+    """This process's rank: the tp rank when DTensor shards the block over the whole world."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 class SerialGPT(nn.Module):

@@ -1,0 +1,58 @@
+"""Benchmark: this lab's tensor (and sequence) parallel blocks vs DTensor ``parallelize_module``.
+
+    python benchmark_tensor.py [--ranks 2] [--steps 10] [--d-model 256] [--seq 128] [--batch 4]
+
+Both shard the same two :class:`tensor_reference.SerialBlock` layers over all ranks (ours:
+:class:`tensor_block.ParallelBlock`; PyTorch: ``ColwiseParallel`` q/k/v/fc,
+``RowwiseParallel`` o/proj and, with sequence parallelism, ``SequenceParallel`` norms with
+``Shard(1)`` input/output layouts), run the same input with the same dropout masks and are
+measured in the same processes: the largest output difference after the first step, the
+median step time (forward + backward + SGD step; the two are timed alternately, step by
+step, so that load from other processes hits both alike) and the peak of live tensor bytes
+of one step (MemoryTrace, after a warm-up step, parameters, gradients and SGD state
+included). Ratios are ours / PyTorch (below 1.0: ours is faster or smaller).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    from shardlab.dist import launch
+    from tensor_block import TPConfig
+    from tensor_reference import ModelConfig
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=4)
+    a = ap.parse_args(argv)
+    model = dict(h=a.d_model, a=a.heads, ffn=3 * a.d_model, seq=a.seq, vocab=64)
+    for sp in (False, True):  # bad sizes fail here, with both numbers, before ranks start
+        TPConfig(ModelConfig(**model), a.ranks, sp)
+    results = []
+    print(f"2 blocks, h={a.d_model}, a={a.heads}, ffn={3 * a.d_model}, s={a.seq}, b={a.batch}, "
+          f"t={a.ranks}, median of {a.steps} steps")  # fmt: skip
+    print(f"{'':14}{'ours ms':>9}{'DTensor ms':>12}{'time ratio':>12}{'ours peak':>12}"
+          f"{'DTensor peak':>14}{'peak ratio':>12}{'max |out diff|':>16}")  # fmt: skip
+    for sp in (False, True):
+        r = launch("_workers_tensor:benchmark", a.ranks, a.steps, sp, a.batch, **model,
+                   quiet=True)[0]  # fmt: skip
+        results.append(r)
+        o, d = r["ours"], r["dtensor"]
+        print(f"{'TP + SP' if sp else 'TP':14}{o['step_s'] * 1e3:9.1f}{d['step_s'] * 1e3:12.1f}"
+              f"{r['ratio_time']:12.2f}{o['peak_bytes']:12,d}{d['peak_bytes']:14,d}"
+              f"{r['ratio_peak']:12.3f}{r['max_abs_output']:16.1e}")  # fmt: skip
+    return results
+
+
+if __name__ == "__main__":
+    main()
