@@ -61,3 +61,45 @@ def collectives(numel=NUMEL):
     out["note"] = tr.wire_note
     out["rank"] = r
     return out
+
+
+def student_ring(sizes):
+    """Lab 01's ring reduce-scatter, all-gather and all-reduce, each traced on its own."""
+    import sys
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    lab = str(Path(__file__).resolve().parents[1] / "labs" / "01_collectives")
+    if lab not in sys.path:
+        sys.path.insert(0, lab)
+    import collectives as C
+    from shardlab.dist import CommTrace
+
+    d, r = dist.get_world_size(), dist.get_rank()
+    out = []
+    for numel in sizes:
+        x = torch.full((numel,), float(r + 1))
+        lo, hi = C.chunk_bounds(numel, d)[r]
+        runs = {
+            "reduce_scatter": (C.ring_reduce_scatter, (x,)),
+            "all_gather": (C.ring_all_gather, (x[lo:hi].clone(), numel)),
+            "all_reduce": (C.ring_all_reduce, (x,)),
+        }
+        for op, (fn, args) in runs.items():
+            dist.barrier()
+            with CommTrace() as tr:
+                fn(*args)
+            out.append(
+                {
+                    "numel": numel,
+                    "op": op,
+                    "wire": tr.wire_bytes(),
+                    "sent": tr.sent_bytes(),
+                    "sends": tr.count(op="send"),
+                    "recvs": tr.count(op="recv"),
+                    "ops": sorted({rec.op for rec in tr.records}),
+                }
+            )
+    return out

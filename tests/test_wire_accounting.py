@@ -46,9 +46,9 @@ def test_nccl_ring_model():
 
 
 def test_p2p_control_bytes():
-    assert wire.gloo_p2p_wire_bytes(4000, sends=1) == 4096
-    assert wire.gloo_p2p_wire_bytes(0, sends=0, recvs=1) == 48
-    assert wire.gloo_p2p_wire_bytes(100, sends=3, recvs=3) == 3 * 100 + 3 * 144
+    assert wire.gloo_p2p_control_bytes(1) == (48, 96)
+    assert wire.gloo_p2p_control_bytes(0, recvs=1) == (48, 48)
+    assert wire.gloo_p2p_control_bytes(3, 3) == (288, 432)
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def test_p2p_control_bytes():
         (lambda: acc.gloo_sent_bytes("gather", 8, 4), "op"),
         (lambda: acc.backend_sent_bytes("mpi", "all_reduce", 8, 4), "backend='mpi'"),
         (lambda: acc.gloo_sent_bytes("all_reduce", -1, 4), "nbytes=-1"),
-        (lambda: wire.gloo_p2p_wire_bytes(8, sends=-1), "sends=-1"),
+        (lambda: wire.gloo_p2p_control_bytes(sends=-1), "sends=-1"),
     ],
 )
 def test_bad_input_names_the_values(call, msg):

@@ -5,7 +5,8 @@ the bytes it wrote to its sockets (``shardlab.dist.wire``) with
 ``shardlab.accounting.wire.gloo_sent_bytes`` (payload of the algorithm gloo really runs).
 
 Stated overhead: gloo's TCP transport writes a 48-byte preamble per message and 48-byte
-"ready" notifications, so wire - payload is a non-negative multiple of 48 (the list form of
+"ready" notifications (how many depends on which rank posts first, so the exact count may
+change between runs), so wire - payload is a non-negative multiple of 48 (the list form of
 reduce_scatter chunks unevenly at D = 3 and adds 8 B of payload on two ranks). At this size
 it was 48-1,728 B for the tensor collectives (<= 0.2 % of the payload) and up to 6,912 B for
 the list form of reduce_scatter at D = 4; the bounds below are 4 KiB and 8 KiB.
@@ -83,8 +84,14 @@ def test_async_collectives_are_counted_per_phase(run):
     d, res = run
     for o in res:
         recs = [rec for rec in o["records"] if rec.phase == "async"]
-        assert [rec.wire_bytes for rec in recs] == [None, None, None]
-        assert [rec.wire_note.split(":")[0] for rec in recs] == ["async", "async", "overlapped"]
+        assert [rec.wire_bytes for rec in recs[:2]] == [None, None]
+        assert [rec.wire_note.split(":")[0] for rec in recs[:2]] == ["async", "async"]
+        # the blocking one is measured only if both asynchronous ones had already completed
+        last = recs[2]
+        if last.wire_bytes is None:
+            assert last.wire_note.startswith("overlapped")
+        else:
+            _check_control(last.wire_bytes, acc.gloo_sent_bytes("all_reduce", V, d), 4096)
         payload = 3 * acc.gloo_sent_bytes("all_reduce", V, d)
         _check_control(o["phases"]["async"], payload, 3 * 4096)
         assert o["total"] == sum(o["phases"].values())
@@ -102,7 +109,7 @@ def test_wire_table_shows_all_three_columns(run):
     _, res = run
     text = res[0]["table"]
     assert "ring model B" in text and "gloo algo B" in text and "wire/ring" in text
-    assert "async" in text and "overlapped" in text and "phase total" in text
+    assert "async" in text and "phase total" in text
 
 
 def test_not_measurable_on_gpu_backends():

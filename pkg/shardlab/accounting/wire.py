@@ -20,9 +20,11 @@ gloo (torch 2.x ``ProcessGroupGloo``, TCP transport; measured with ``shardlab.di
                                 leaves have none (:func:`binomial_children`)
 
 Control overhead (:data:`GLOO_PREAMBLE_BYTES`): gloo's TCP pairs put a 48-byte preamble in
-front of every message and send 48-byte "ready" notifications, so the wire carries the payload
-above plus a multiple of 48 bytes. A point-to-point message costs the sender
-``nbytes + 2 * 48`` and the receiver ``48`` (:func:`gloo_p2p_wire_bytes`). Collectives split
+front of every message and exchange 48-byte notifications: a receive always tells the sender
+"ready to receive"; a send tells the receiver "ready to send" only if the receiver's
+notification has not arrived yet, which depends on timing. So the wire carries the payload
+above plus a multiple of 48 bytes that can change by a few notifications from run to run
+(:func:`gloo_p2p_control_bytes` gives the band for point-to-point messages). Collectives split
 large tensors into more messages, so their control bytes grow slowly with size (about 0.02 %
 of the payload at 1-100 MB; tests/test_wire_collectives.py bounds it).
 
@@ -108,13 +110,12 @@ def backend_sent_bytes(
     return fn(op, nbytes, group_size, rank, root)
 
 
-def gloo_p2p_wire_bytes(nbytes: float, sends: int = 1, recvs: int = 0) -> float:
-    """Wire bytes of ``sends`` gloo messages of ``nbytes`` each plus ``recvs`` receives.
+def gloo_p2p_control_bytes(sends: int, recvs: int = 0) -> tuple[int, int]:
+    """Least and most control bytes gloo writes for ``sends`` messages and ``recvs`` receives.
 
-    A send writes the payload, its 48-byte preamble and a 48-byte notification; a receive
-    writes one 48-byte "ready to receive" notification to the sender.
+    Each send writes a 48-byte preamble, plus a 48-byte "ready to send" notification when the
+    peer has not posted its receive yet; each receive writes one 48-byte notification.
     """
-    nb = v.nonneg_number("nbytes", nbytes)
     s = v.nonneg_int("sends", sends)
     r = v.nonneg_int("recvs", recvs)
-    return s * (nb + 2 * GLOO_PREAMBLE_BYTES) + r * GLOO_PREAMBLE_BYTES
+    return GLOO_PREAMBLE_BYTES * (s + r), GLOO_PREAMBLE_BYTES * (2 * s + r)
