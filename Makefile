@@ -1,6 +1,7 @@
 # shardlab — build the book, run the tests.
 #
-#   make book        environment (if missing) + widget JS + book build, then serve on :8000
+#   make book        environment (if missing) + widget JS + live-calculator runtime (Pyodide,
+#                    wheels: tools/build_live.py) + book build, then serve on :8000
 #   make test        environment (if missing) + ruff + pytest + nbval + book build
 #
 # Notebooks are discovered by glob: book/**/*.ipynb and labs/**/*.ipynb, except _build,
@@ -17,6 +18,9 @@ PY := $(BIN)/python
 VENV_STAMP := $(VENV)/.requirements-installed
 WIDGET_JS := book/_widgets_js
 WIDGET_STAMP := $(WIDGET_JS)/.fetched
+# Pyodide + wheels for the live calculators (tools/build_live.py); downloads cached here
+LIVE_DIR := book/_live
+LIVE_CACHE := .cache/live
 HTML := _build/html
 PORT ?= 8000
 # `make book BIND=0.0.0.0` to serve beyond this machine
@@ -39,7 +43,7 @@ NBVAL := $(BIN)/pytest --nbval --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 \
 	-p no:cacheprovider
 
-.PHONY: help venv widget-js book-build book test test-slow lint pytest nbval execute lab clean distclean
+.PHONY: help venv widget-js live-js book-build book test test-slow lint pytest nbval execute lab clean distclean
 
 help:
 	@echo "make book        build the book (creates .venv if missing) and serve it on http://localhost:$(PORT)"
@@ -65,9 +69,14 @@ widget-js: $(WIDGET_STAMP)
 $(WIDGET_STAMP): tools/fetch_widget_js.sh
 	bash tools/fetch_widget_js.sh $(WIDGET_JS)
 
+# Runs every build: with a warm cache it uses no network and rewrites only changed files
+# (the shardlab wheel follows pkg/shardlab).
+live-js: venv
+	$(PY) tools/build_live.py --dest $(LIVE_DIR) --cache $(LIVE_CACHE)
+
 # --- book --------------------------------------------------------------------------------
 
-book-build: venv widget-js
+book-build: venv widget-js live-js
 	$(if $(strip $(JUPYTERHUB_URL)),$(PY) tools/hub_config.py "$(JUPYTERHUB_URL)" $(HUB_CONFIG))
 	$(JB_BUILD)
 	$(PY) tools/check_site.py $(HTML)
@@ -115,7 +124,7 @@ lab: venv
 	$(BIN)/jupyter lab labs/
 
 clean:
-	rm -rf _build $(WIDGET_JS) shots
+	rm -rf _build $(WIDGET_JS) $(LIVE_DIR) shots
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

@@ -14,7 +14,11 @@ Fails (exit 1, one line per problem) when
 * a page with embedded widget state does not load the local ``require.js`` and
   ``embed-amd.js`` (the widgets would stay blank);
 * a page that uses a folded (``dropdown``) block does not load ``togglebutton.js``, or
-  ``book/how_to_read.html`` lost its example of a folded worked solution.
+  ``book/how_to_read.html`` lost its example of a folded worked solution;
+* a page that displays widgets does not load the live-calculator script
+  ``_static/shardlab-live/shardlab-live.js``, or the Pyodide runtime beside it is
+  incomplete: a core file is missing, or a wheel listed in ``pyodide-lock.json`` is
+  missing or its sha256 differs from the lock file's (Pyodide would refuse it).
 
 Only attributes are checked, not text: sphinx-thebe's configuration mentions a CDN URL as a
 string, but it is fetched only when a reader presses a "live code" button, which this book
@@ -24,6 +28,8 @@ does not enable (``launch_buttons.thebe: false``).
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -39,6 +45,10 @@ URL_ATTRS = {
     "object": ("data",),
 }
 WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+LIVE_SCRIPT = "shardlab-live.js"
+LIVE_DIR = Path("_static") / "shardlab-live"
+PYODIDE_CORE = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip")
 
 
 class _PageParser(HTMLParser):
@@ -46,12 +56,15 @@ class _PageParser(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.loads: list[tuple[str, str, str]] = []  # (tag, rel, url)
         self.has_widget_state = False
+        self.has_widget_view = False
         self.has_dropdown = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = {k: (v or "") for k, v in attrs}
         if tag == "script" and a.get("type") == WIDGET_STATE_MIME:
             self.has_widget_state = True
+        if tag == "script" and a.get("type") == WIDGET_VIEW_MIME:
+            self.has_widget_view = True
         if "dropdown" in a.get("class", "").split():
             self.has_dropdown = True
         if tag == "link" and a.get("rel", "") in ("canonical", "next", "prev", "index", "search"):
@@ -96,9 +109,39 @@ def check_page(page: Path, root: Path) -> tuple[list[str], bool]:
         for name in ("require.js", "embed-amd.js"):
             if name not in local_scripts:
                 problems.append(f"{rel}: has widget state but does not load the local {name}")
+    if parser.has_widget_view and LIVE_SCRIPT not in local_scripts:
+        problems.append(f"{rel}: shows widgets but does not load the local {LIVE_SCRIPT}")
     if parser.has_dropdown and "togglebutton.js" not in local_scripts:
         problems.append(f"{rel}: has a dropdown block but does not load togglebutton.js")
     return problems, parser.has_widget_state
+
+
+def check_live_runtime(root: Path) -> list[str]:
+    """Pyodide core files present; every wheel of the lock file present with its sha256."""
+    folder = root / LIVE_DIR / "pyodide"
+    problems = [
+        f"{LIVE_DIR}/pyodide/{name} is missing"
+        for name in PYODIDE_CORE
+        if not (folder / name).is_file()
+    ]
+    lock_path = folder / "pyodide-lock.json"
+    if not lock_path.is_file():
+        return [*problems, f"{LIVE_DIR}/pyodide/pyodide-lock.json is missing"]
+    packages = json.loads(lock_path.read_text())["packages"]
+    if not packages:
+        problems.append(f"{LIVE_DIR}/pyodide/pyodide-lock.json lists no packages")
+    for name, entry in sorted(packages.items()):
+        wheel = folder / entry["file_name"]
+        if not wheel.is_file():
+            problems.append(f"lock file package {name}: {entry['file_name']} is missing")
+            continue
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        if digest != entry["sha256"]:
+            problems.append(
+                f"lock file package {name}: {entry['file_name']} has sha256 {digest}, "
+                f"the lock file says {entry['sha256']}"
+            )
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         page_problems, has_widgets = check_page(page, root)
         problems += page_problems
         widget_pages += has_widgets
+    if widget_pages:
+        problems += check_live_runtime(root)
     how_to_read = root / "book" / "how_to_read.html"
     if how_to_read.exists():
         parser = _PageParser()
@@ -131,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(
         f"check_site: {len(pages)} pages, {widget_pages} with widgets; "
-        "every script, stylesheet and font is served locally"
+        "every script, stylesheet and font is served locally; the live-calculator runtime "
+        "matches its lock file"
     )
     return 0
 

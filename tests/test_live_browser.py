@@ -1,0 +1,274 @@
+"""The live calculators in a real browser: Chromium, the built site, no other host.
+
+Serves ``_build/html`` (``make book-build``) on 127.0.0.1, starts headless Chromium with
+every other host unresolvable, opens chapter 2, waits for Python (Pyodide) to make its
+calculator live, types a new D into the calculator's input on the page, and checks that
+the page then shows the per-rank bytes ``shardlab.accounting.memory.model_state`` gives
+for the new D. Every request the page made must have gone to the local server.
+Chromium is driven over the DevTools protocol (``--virtual-time-budget`` would not wait
+for Pyodide). Prints the time from navigation start to the first live result.
+
+Slow (Pyodide starts in 10-20 s on 2 cores): runs under ``make test-slow``. Needs Debian's
+``chromium`` (``.ci/run`` installs it); without it the test is skipped, unless
+``SHARDLAB_REQUIRE_BROWSER=1`` (set by ``.ci/run``) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from shardlab.accounting import memory as acc
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+SITE = ROOT / "_build" / "html"
+PAGE = "book/02_memory.html"
+READY_TIMEOUT_S = 180
+N = 7_000_000_000  # the chapter's calculator: memory_calculator(n_params="7e9", dp=8, ...)
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--disable-dev-shm-usage",
+    # every host name fails to resolve; only the IP literal of the local server works
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+    "--remote-debugging-port=0",
+]
+
+
+def chromium_path() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    requested: list[str]
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        self.requested.append(self.path)
+
+
+@pytest.fixture(scope="module")
+def site_url():
+    if not (SITE / PAGE).is_file():
+        pytest.fail(f"{SITE / PAGE} is missing: build the book first (make book-build)")
+    requested: list[str] = []
+    handler = functools.partial(
+        type("Handler", (QuietHandler,), {"requested": requested}), directory=str(SITE)
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", requested
+    server.shutdown()
+    server.server_close()
+
+
+class DevTools:
+    """The few DevTools-protocol calls this test needs, over one page's websocket."""
+
+    def __init__(self, ws_url: str):
+        import websocket  # websocket-client, installed with jupyter_server
+
+        self.ws = websocket.create_connection(ws_url, timeout=60, suppress_origin=True)
+        self.next_id = 0
+        self.events: list[dict] = []
+
+    def call(self, method: str, **params):
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self.next_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg["result"]
+            self.events.append(msg)
+
+    def eval(self, expression: str):
+        result = self.call(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression!r} raised {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float, what: str):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            value = self.eval(expression)
+            if value:
+                return value
+            time.sleep(0.25)
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+    def close(self):
+        self.ws.close()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    exe = chromium_path()
+    if exe is None:
+        if os.environ.get("SHARDLAB_REQUIRE_BROWSER") == "1":
+            pytest.fail("chromium is not installed (apt-get install -y chromium)")
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    proc = subprocess.Popen(
+        [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    port_file = profile / "DevToolsActivePort"
+    end = time.monotonic() + 60
+    while not port_file.exists() or not port_file.read_text().strip():
+        if proc.poll() is not None or time.monotonic() > end:
+            proc.kill()
+            pytest.fail(f"chromium did not start (exit code {proc.poll()})")
+        time.sleep(0.1)
+    port = int(port_file.read_text().split()[0])
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
+        pages = [t for t in json.load(r) if t["type"] == "page"]
+    tools = DevTools(pages[0]["webSocketDebuggerUrl"])
+    yield tools
+    tools.close()
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# The live memory calculator's "bytes/rank" cells, by layout (the totals table).
+TOTALS_JS = """(() => {
+  const view = document.querySelector('.shardlab-live-view');
+  if (!view) return null;
+  for (const table of view.querySelectorAll('table.shardlab-table')) {
+    const heads = [...table.querySelectorAll('thead th')].map(th => th.textContent.trim());
+    const col = heads.indexOf('bytes/rank');
+    if (col < 0) continue;
+    const out = {};
+    for (const tr of table.querySelectorAll('tbody tr')) {
+      const cells = [...tr.children].map(td => td.textContent.trim());
+      out[cells[0]] = cells[col];
+    }
+    return out;
+  }
+  return null;
+})()"""
+
+D_INPUT_JS = """(() => {
+  const view = document.querySelector('.shardlab-live-view');
+  for (const label of view.querySelectorAll('label')) {
+    if (label.textContent.trim() === 'D (data-parallel ranks)') {
+      const input = label.parentElement.querySelector('input');
+      input.focus();
+      input.select();
+      return input.value;
+    }
+  }
+  return null;
+})()"""
+
+
+def expected_bytes(n: float, d: int) -> dict[str, int]:
+    rec = acc.get_recipe("mixed-adam-16")
+    return {lay: round(acc.model_state(n, d, lay, rec).total) for lay in acc.LAYOUTS}
+
+
+def shown_bytes(totals: dict[str, str]) -> dict[str, int]:
+    return {lay: int(cell.replace(",", "")) for lay, cell in totals.items()}
+
+
+def test_live_calculator_recomputes_in_the_browser(site_url, browser):
+    base, requested = site_url
+    browser.call("Network.enable")
+    browser.call("Page.enable")
+    browser.call("Page.navigate", url=f"{base}/{PAGE}")
+    t0 = time.monotonic()
+
+    # The stored (static) view and the "loading" note come first.
+    note = browser.wait_for(
+        "document.querySelector('.shardlab-live-status')?.textContent", 30, "the live-status note"
+    )
+    assert "Live version loading" in note and " s " in note, note
+
+    state = browser.wait_for(
+        "window.shardlabLive && window.shardlabLive.state !== 'loading' && window.shardlabLive.state",
+        READY_TIMEOUT_S,
+        "Python to start",
+    )
+    live = browser.eval("JSON.parse(JSON.stringify(window.shardlabLive))")
+    assert state == "ready", live
+    assert live["errors"] == [], live["errors"]
+    assert live["calculators"] == 1
+    assert all(live["same"].values()), "the live calculator did not reproduce the stored output"
+    ready_wall = time.monotonic() - t0
+
+    # The live view shows D=8 (the chapter's inputs), computed by Python.
+    before = shown_bytes(browser.eval(TOTALS_JS))
+    assert before == expected_bytes(N, 8)
+
+    # Type D=4 into the page's input and press Enter, as a reader would.
+    assert browser.eval(D_INPUT_JS) == "8"
+    t_edit = time.monotonic()
+    browser.call("Input.insertText", text="4")
+    for kind in ("keyDown", "keyUp"):
+        browser.call(
+            "Input.dispatchKeyEvent",
+            type=kind,
+            key="Enter",
+            code="Enter",
+            windowsVirtualKeyCode=13,
+            nativeVirtualKeyCode=13,
+            **({"text": "\r"} if kind == "keyDown" else {}),
+        )
+    want = expected_bytes(N, 4)
+    zero3 = json.dumps(f"{want['zero3']:,}")
+    totals = browser.wait_for(
+        f"(() => {{ const t = {TOTALS_JS}; return t && t['zero3'] === {zero3} ? t : null; }})()",
+        30,
+        "the page to show the result for D=4",
+    )
+    edit_s = time.monotonic() - t_edit
+    assert shown_bytes(totals) == want
+    assert shown_bytes(totals) != before
+
+    # Nothing was fetched from anywhere but the local server.
+    urls = [
+        e["params"]["request"]["url"]
+        for e in browser.events
+        if e.get("method") == "Network.requestWillBeSent"
+    ]
+    foreign = [u for u in urls if not u.startswith((base + "/", "data:", "blob:"))]
+    assert foreign == [], foreign
+    assert any(p.endswith("pyodide.asm.wasm") for p in requested)
+    assert any(p.endswith(".whl") for p in requested)
+
+    print(
+        f"\nlive calculator: navigation start -> first live result {live['readyAt'] / 1000:.1f} s "
+        f"(page script start -> live {live['readyMs'] / 1000:.1f} s; wall {ready_wall:.1f} s); "
+        f"edit -> new result {edit_s:.2f} s; {len(urls)} requests, all to {base}"
+    )

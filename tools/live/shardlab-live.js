@@ -1,0 +1,254 @@
+/*
+ * shardlab live calculators: make the calculators stored in a book page live, offline.
+ *
+ * The page first shows each calculator from its stored widget state (rendered by
+ * @jupyter-widgets/html-manager's embed-amd.js): the values computed when the book was
+ * built. This script then starts Pyodide from this site (_static/shardlab-live/pyodide/,
+ * built by tools/build_live.py), installs the wheels listed in its pyodide-lock.json
+ * (Pyodide checks each sha256), and asks shardlab.widgets.live to rebuild every stored
+ * calculator in Python. The rebuilt ipywidgets talk to a widget manager on this page over
+ * a kernel-less comm bridge (the Jupyter widget protocol, messages as JSON), so the
+ * calculators' own Python callbacks run when the reader edits an input: every number is
+ * computed by shardlab.accounting, nothing here. When Python is ready the stored view is
+ * swapped for the live one; if anything fails, the stored view stays and the note says why.
+ *
+ * window.shardlabLive reports progress for tests (tests/test_live_browser.py): state
+ * ("loading" | "ready" | "failed"), readyAt (ms from navigation start to the live
+ * calculators showing Python's first result), readyMs (the same from this script's start),
+ * same (stored id -> the live result equals the stored one), errors.
+ */
+(function () {
+  "use strict";
+  const STATE_MIME = "application/vnd.jupyter.widget-state+json";
+  const VIEW_MIME = "application/vnd.jupyter.widget-view+json";
+  // Measured in headless Chromium on a 2-core machine (see README): page load to live.
+  const EXPECTED = "about 10–20 s on a 2-core laptop, about 20 MB downloaded once";
+  const script = document.currentScript;
+  const base = new URL(".", script.src).href;
+  const pyBase = base + "pyodide/";
+  const live = (window.shardlabLive = {
+    state: "loading",
+    readyMs: null,
+    readyAt: null,
+    errors: [],
+    calculators: 0,
+    same: {},
+  });
+
+  function noteStyle(el, color) {
+    el.style.cssText =
+      "font:13px sans-serif;margin:4px 0;padding:4px 8px;border-left:3px solid " +
+      color +
+      ";background:#f7f7f7";
+  }
+
+  function setNotes(text, color, state) {
+    for (const el of document.querySelectorAll(".shardlab-live-status")) {
+      el.textContent = text;
+      el.dataset.state = state;
+      noteStyle(el, color);
+    }
+  }
+
+  // Which displayed widgets are calculators: a VBox whose first child is a bold title.
+  // (shardlab.widgets.live decides for certain; this only places the "loading" notes.)
+  function calculatorViews(models) {
+    const out = [];
+    for (const tag of document.querySelectorAll(`script[type="${VIEW_MIME}"]`)) {
+      let id;
+      try {
+        id = JSON.parse(tag.textContent).model_id;
+      } catch (e) {
+        continue;
+      }
+      const m = models[id];
+      if (!m || m.model_name !== "VBoxModel") continue;
+      const first = (m.state.children || [])[0];
+      const title = first && models[String(first).replace("IPY_MODEL_", "")];
+      if (title && title.model_name === "HTMLModel" && /^<b>.*<\/b>$/.test(title.state.value)) {
+        out.push({ id, tag });
+      }
+    }
+    return out;
+  }
+
+  function requireModule(name) {
+    return new Promise((resolve, reject) => window.requirejs([name], resolve, reject));
+  }
+
+  const pageLoaded = new Promise((resolve) => {
+    if (document.readyState === "complete") resolve();
+    else window.addEventListener("load", () => resolve());
+  });
+
+  // A comm as @jupyter-widgets/base expects one, carried by direct calls into Python.
+  class PageComm {
+    constructor(commId, targetName, deliver) {
+      this.comm_id = commId;
+      this.target_name = targetName;
+      this._deliver = deliver;
+      this._onMsg = null;
+      this._onClose = null;
+      this._pending = []; // messages that arrive before the model listens
+      this._sent = 0;
+    }
+    open() {
+      return "";
+    }
+    close() {
+      return "";
+    }
+    on_msg(callback) {
+      this._onMsg = callback;
+      for (const msg of this._pending.splice(0)) callback(msg);
+    }
+    on_close(callback) {
+      this._onClose = callback;
+    }
+    receive(msg) {
+      if (this._onMsg) this._onMsg(msg);
+      else this._pending.push(msg);
+    }
+    send(data, callbacks) {
+      const msgId = `${this.comm_id}-page-${++this._sent}`;
+      // Deliver after the model has counted this message as pending, then report the
+      // "kernel" idle so its throttle lets the next edit through.
+      Promise.resolve().then(() => {
+        try {
+          this._deliver(this.comm_id, JSON.stringify(data));
+        } catch (err) {
+          console.error("shardlab live: Python rejected a widget message", err);
+          live.errors.push(String(err));
+        }
+        const status = callbacks && callbacks.iopub && callbacks.iopub.status;
+        if (status) status({ content: { execution_state: "idle" }, parent_header: { msg_id: msgId } });
+      });
+      return msgId;
+    }
+  }
+
+  function kernelMessage(msgType, msg) {
+    return {
+      header: { msg_type: msgType },
+      parent_header: {},
+      metadata: msg.metadata || {},
+      content: { comm_id: msg.comm_id, target_name: msg.target_name, data: msg.data },
+      buffers: [],
+    };
+  }
+
+  async function start() {
+    const t0 = performance.now();
+    const stateTag = document.querySelector(`script[type="${STATE_MIME}"]`);
+    if (!stateTag) return;
+    const models = JSON.parse(stateTag.textContent).state;
+    const views = calculatorViews(models);
+    live.calculators = views.length;
+    if (!views.length) return;
+    for (const v of views) {
+      v.note = document.createElement("div");
+      v.note.className = "shardlab-live-status";
+      v.tag.parentElement.insertBefore(v.note, v.tag);
+    }
+    setNotes(
+      "Live version loading: Python is starting in your browser (" +
+        EXPECTED +
+        "). Until it is ready, the calculator shows the values computed when the book was built.",
+      "#c90",
+      "loading",
+    );
+
+    const lockURL = pyBase + "pyodide-lock.json";
+    const [{ loadPyodide }, lock] = await Promise.all([
+      import(pyBase + "pyodide.mjs"),
+      fetch(lockURL).then((r) => r.json()),
+    ]);
+    const pyodide = await loadPyodide({
+      indexURL: pyBase,
+      lockFileURL: lockURL,
+      packageBaseUrl: pyBase,
+      packages: Object.keys(lock.packages),
+      stdout: (s) => console.log("[python]", s),
+      stderr: (s) => console.warn("[python]", s),
+    });
+    const htmlManager = await requireModule("@jupyter-widgets/html-manager");
+    const manager = new htmlManager.HTMLManager({
+      loader: (name) => Promise.reject(new Error(`shardlab live: no widget module ${name}`)),
+    });
+    const liveModule = pyodide.pyimport("shardlab.widgets.live");
+    const deliver = (commId, data) => liveModule.deliver(commId, data);
+    const comms = new Map();
+    const opened = [];
+    liveModule.install_bridge((text) => {
+      const msg = JSON.parse(text);
+      if (msg.msg_type === "comm_open") {
+        const comm = new PageComm(msg.comm_id, msg.target_name, deliver);
+        comms.set(msg.comm_id, comm);
+        opened.push(manager.handle_comm_open(comm, kernelMessage("comm_open", msg)));
+      } else if (msg.msg_type === "comm_msg") {
+        const comm = comms.get(msg.comm_id);
+        if (comm) comm.receive(kernelMessage("comm_msg", msg));
+      } else if (msg.msg_type === "comm_close") {
+        const comm = comms.get(msg.comm_id);
+        if (comm && comm._onClose) comm._onClose(kernelMessage("comm_close", msg));
+        comms.delete(msg.comm_id);
+      }
+    });
+    const result = JSON.parse(
+      liveModule.rebuild_page(stateTag.textContent, JSON.stringify(views.map((v) => v.id))),
+    );
+    await Promise.all(opened);
+    await pageLoaded;
+    for (const { id, tag, note } of views) {
+      const liveId = result.views[id];
+      if (!liveId) {
+        const why = result.errors[id] || "not a shardlab calculator";
+        live.errors.push(why);
+        {
+          note.textContent = "Live version unavailable (" + why + "); showing the values computed when the book was built.";
+          note.dataset.state = "failed";
+          noteStyle(note, "#b00020");
+        }
+        continue;
+      }
+      const model = await manager.get_model(liveId);
+      const view = await manager.create_view(model);
+      const holder = document.createElement("div");
+      holder.className = "widget-subarea shardlab-live-view";
+      holder.dataset.storedModelId = id;
+      tag.parentElement.insertBefore(holder, tag);
+      await manager.display_view(view, holder);
+      for (const el of tag.parentElement.querySelectorAll(
+        ":scope > .widget-subarea:not(.shardlab-live-view)",
+      )) {
+        el.style.display = "none"; // the stored view; the live one replaces it
+      }
+      live.same[id] = result.same[id];
+    }
+    live.readyMs = performance.now() - t0; // since this script started
+    live.readyAt = performance.now(); // since the page's navigation started
+    live.state = "ready";
+    const secs = (live.readyMs / 1000).toFixed(1);
+    for (const { id, note } of views) {
+      if (note.dataset.state === "failed") continue;
+      note.textContent =
+        "Live: change any input and shardlab recomputes the result in your browser " +
+        "(Python started in " + secs + " s)." +
+        (result.same[id] ? "" : " Note: the live result differs from the stored one; the package changed after the chapter was executed.");
+      note.dataset.state = "ready";
+      noteStyle(note, "#2a7");
+    }
+  }
+
+  start().catch((err) => {
+    console.error("shardlab live:", err);
+    live.state = "failed";
+    live.errors.push(String(err && err.message ? err.message : err));
+    setNotes(
+      "Live version unavailable (" + live.errors[live.errors.length - 1] +
+        "); showing the values computed when the book was built.",
+      "#b00020",
+      "failed",
+    );
+  });
+})();
