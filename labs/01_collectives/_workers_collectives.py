@@ -182,3 +182,57 @@ def check_subgroup(members: list[int], sizes, dtype: str = "float64", seed: int 
 def check_dtypes(dtypes: list[str], sizes, seed: int = 5) -> list[list[dict]]:
     """:func:`check_collectives` for every dtype in one launch (one list per dtype)."""
     return [check_collectives(sizes, dt, seed, trace=False) for dt in dtypes]
+
+
+def a2a_splits(world: int, seed: int = 0, max_rows: int = 5) -> list[list[int]]:
+    """``splits[s][d]``: rows rank ``s`` sends to rank ``d`` (uneven, some zero), same on every rank."""
+    g = torch.Generator().manual_seed(4_201 + 31 * seed + world)
+    splits = torch.randint(0, max_rows + 1, (world, world), generator=g)
+    splits[0, world - 1] = 0  # at least one empty message
+    if world > 1:
+        splits[world - 1, 0] += 1  # and at least one that crosses ranks
+    return splits.tolist()
+
+
+def check_all_to_all(seeds=(0, 1, 2), width: int = 3) -> list[dict]:
+    """Student ``all_to_all`` against ``dist.all_to_all_single`` with uneven splits, traced."""
+    from shardlab.dist import CommTrace
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = []
+    for seed in seeds:
+        splits = a2a_splits(world, seed)
+        ins = splits[rank]
+        outs = [splits[s][rank] for s in range(world)]
+        g = torch.Generator().manual_seed(100 * seed + rank)
+        x = torch.randn(sum(ins), width, generator=g)
+        want = torch.empty(sum(outs), width)
+        # production reference first, on every rank unconditionally (see check_collectives)
+        dist.all_to_all_single(want, x, outs, ins)
+        tr = CommTrace()
+        with tr:
+            err, got = _run(C.all_to_all, x, ins, outs)
+        if not err and not (isinstance(got, torch.Tensor) and got.shape == want.shape):
+            err = f"shape {getattr(got, 'shape', None)} != expected {tuple(want.shape)}"
+        if not err and not torch.equal(got, want):
+            err = "not bitwise equal to dist.all_to_all_single"
+        row = width * x.element_size()
+        out.append(
+            {
+                "seed": seed,
+                "world": world,
+                "rank": rank,
+                "err": err,
+                "splits": splits,
+                "sent_bytes": int(tr.sent_bytes()),
+                "expected_bytes": sum(n for d, n in enumerate(ins) if d != rank) * row,
+                "ops": _p2p_only(tr.records),
+                "n_records": len(tr.records),
+            }
+        )
+    return out
+
+
+def check_collectives_and_all_to_all(sizes, dtype: str = "float32", seed: int = 0) -> dict:
+    """:func:`check_collectives` and :func:`check_all_to_all` in one launch."""
+    return {"rings": check_collectives(sizes, dtype, seed, True), "a2a": check_all_to_all()}

@@ -8,6 +8,12 @@ using nothing but ``dist.isend`` / ``dist.irecv`` between neighbouring ranks:
 * ``ring_all_gather(shard, numel)``: rank ``r`` holds chunk ``r``; afterwards every rank
   holds the full tensor.
 * ``ring_all_reduce(x)``: the sum on every rank, composed as reduce-scatter then all-gather.
+* ``all_to_all(x, in_splits, out_splits)``: every rank sends a different block of rows to
+  every other rank (what ``dist.all_to_all_single`` does; the expert-parallel dispatch of
+  lab 08 is one). Not a ring: ``D-1`` steps, in step ``s`` rank ``r`` sends straight to
+  ``r+s`` and receives from ``r-s`` (mod ``D``); rank ``r`` sends
+  ``sum_{d != r} in_splits[d]`` rows, ``V(D-1)/D`` when the splits are even
+  (``shardlab.accounting.comm.ring_sent_bytes("all_to_all", V, D)``).
 
 Chunking. A tensor of ``numel`` elements is cut into ``D`` chunks exactly as
 ``torch.tensor_split(x, D)`` cuts it: the first ``numel % D`` chunks have one element more
@@ -37,7 +43,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["chunk_bounds", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce"]
+__all__ = [
+    "chunk_bounds",
+    "ring_reduce_scatter",
+    "ring_all_gather",
+    "ring_all_reduce",
+    "all_to_all",
+]
 
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
@@ -148,4 +160,62 @@ def ring_all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> 
     """
     # BEGIN SOLUTION hint: reduce-scatter, then all-gather the reduced shard
     return ring_all_gather(ring_reduce_scatter(x, group), x.numel(), group)
+    # END SOLUTION
+
+
+def _offsets(splits: list[int]) -> list[int]:
+    """Start row of every block: ``[0, s0, s0+s1, ...]``."""
+    out = [0]
+    for n in splits:
+        out.append(out[-1] + n)
+    return out
+
+
+def all_to_all(
+    x: torch.Tensor,
+    in_splits: list[int],
+    out_splits: list[int],
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """Exchange blocks of rows with every rank, like ``dist.all_to_all_single``.
+
+    ``x`` has ``sum(in_splits)`` rows (first dimension): the first ``in_splits[0]`` go to rank
+    0, the next ``in_splits[1]`` to rank 1, and so on. The result has ``sum(out_splits)`` rows:
+    ``out_splits[s]`` rows from rank ``s``, in rank order. ``out_splits[s]`` on this rank must
+    equal ``in_splits[r]`` on rank ``s`` (the caller agrees on the sizes beforehand). Block
+    ``r`` never leaves rank ``r``; empty blocks are not sent.
+    """
+    size = dist.get_world_size(group)
+    if len(in_splits) != size or len(out_splits) != size:
+        raise ValueError(
+            f"in_splits={list(in_splits)} and out_splits={list(out_splits)} need one entry "
+            f"per rank (world size {size})"
+        )
+    if x.dim() < 1 or sum(in_splits) != x.shape[0] or min(*in_splits, *out_splits) < 0:
+        raise ValueError(
+            f"x has shape {tuple(x.shape)} but in_splits={list(in_splits)} sums to "
+            f"{sum(in_splits)} (splits must be >= 0 and sum to x.shape[0])"
+        )
+    # BEGIN SOLUTION hint: allocate the output, copy your own block locally, then D-1 steps: isend block (r+s)%D to rank r+s and irecv block (r-s)%D from rank r-s into its place; skip empty blocks; wait for both
+    rank = dist.get_rank(group)
+    src_off, dst_off = _offsets(in_splits), _offsets(out_splits)
+    out = x.new_empty((dst_off[-1], *x.shape[1:]))
+    out[dst_off[rank] : dst_off[rank + 1]] = x[src_off[rank] : src_off[rank + 1]]  # stays home
+
+    def peer(i):
+        return dist.get_global_rank(group, i) if group is not None else i
+
+    for step in range(1, size):
+        to, frm = (rank + step) % size, (rank - step) % size
+        reqs = []
+        if in_splits[to]:  # the receiver computes the same size and posts a matching irecv
+            block = x[src_off[to] : src_off[to + 1]].contiguous()
+            reqs.append(dist.isend(block, dst=peer(to), group=group))
+        if out_splits[frm]:
+            reqs.append(
+                dist.irecv(out[dst_off[frm] : dst_off[frm + 1]], src=peer(frm), group=group)
+            )
+        for req in reqs:  # both posted before waiting: no rank blocks on an unposted peer
+            req.wait()
+    return out
     # END SOLUTION

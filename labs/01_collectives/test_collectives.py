@@ -21,9 +21,23 @@ SIZES = [1, 2, 3, 4, 5, 7, 12, 13, 64, 1000, 1001, 4099]
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda d: f"D{d}")
-def results(request):
+def launched(request):
+    """One launch per group size: the ring checks and the all-to-all checks."""
+    return launch(
+        W.check_collectives_and_all_to_all, request.param, SIZES, "float32", 0, timeout=90
+    )
+
+
+@pytest.fixture(scope="module")
+def results(launched):
     """Every rank's per-size summaries for one group size: list (ranks) of lists (sizes)."""
-    return launch(W.check_collectives, request.param, SIZES, "float32", 0, True, timeout=90)
+    return [r["rings"] for r in launched]
+
+
+@pytest.fixture(scope="module")
+def a2a(launched):
+    """Every rank's all-to-all summaries (one per random split matrix), flattened."""
+    return [c for r in launched for c in r["a2a"]]
 
 
 def _failures(results, key):
@@ -82,3 +96,20 @@ def test_all_reduce_sent_bytes(results):
             assert all(math.isclose(b, model, rel_tol=1e-12) for b in per_rank), (
                 f"numel={numel}, D={d}: traced {per_rank} bytes per rank, model {model}"
             )
+
+
+def test_all_to_all_matches_all_to_all_single(a2a):
+    """Uneven (and some empty) blocks; the result must be bitwise equal to PyTorch's."""
+    bad = [
+        f"D={c['world']} rank {c['rank']} splits={c['splits']}: {c['err']}" for c in a2a if c["err"]
+    ]
+    assert not bad, "\n".join(bad[:8])
+
+
+def test_all_to_all_point_to_point_bytes(a2a):
+    """Only send/recv; each rank sends exactly the rows of its blocks for other ranks."""
+    assert not any(c["err"] for c in a2a), "all_to_all must produce correct results first"
+    for c in a2a:
+        assert not c["ops"], f"all_to_all must use only send/recv, the trace saw {c['ops']}"
+        assert c["sent_bytes"] == c["expected_bytes"], c
+    assert any(c["expected_bytes"] > 0 for c in a2a)
