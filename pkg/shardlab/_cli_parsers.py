@@ -1,4 +1,4 @@
-"""Arguments of the ``shardlab`` calculator subcommands (memory, activations, comm, bubble, mesh).
+"""Arguments of the ``shardlab`` calculator subcommands (memory, activations, comm, bubble, mesh, plan).
 
 :func:`add_calculator_parsers` adds one sub-parser per calculator to the command line built
 by :func:`shardlab.cli.build_parser`; every option names its unit and default in its help.
