@@ -322,6 +322,11 @@ def planner_calculator(**defaults: Any):
             controls[k] = w.FloatText(value=float(v), description=desc, layout=lay)
         else:
             controls[k] = w.IntText(value=int(v), description=desc, layout=lay)
+    controls["gated"] = w.Checkbox(value=bool(vals["gated"]), description="gated (SwiGLU) MLP")
+    controls["dropout"] = w.Checkbox(value=bool(vals["dropout"]), description="dropout")
+    controls["norm"] = w.Dropdown(
+        options=["rmsnorm", "layernorm"], value=vals["norm"], description="norm"
+    )
     fixed = {k: vals[k] for k in params if k not in controls}
 
     def convert(values: dict[str, Any]) -> dict[str, Any]:
@@ -336,6 +341,7 @@ def planner_calculator(**defaults: Any):
             ["layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "global_batch"],
             ["gpus", "gpu_memory_gb", "gpus_per_node", "peak_tflops", "efficiency"],
             ["alpha_intra_us", "beta_intra_gbps", "alpha_inter_us", "beta_inter_gbps"],
-            ["reserve", "max_bubble", "top", "mark"],
+            ["gated", "dropout", "norm", "reserve", "max_bubble", "top"],
+            ["mark"],
         ],
     )
