@@ -103,7 +103,8 @@ def test_report_files(toy):
     assert stub.get("failures") == "6" and stub.get("skipped") == "1"
     summary = (out / "summary.csv").read_text()
     assert "reference,01_toy,9,9,100.0" in summary
-    assert (out / "stub" / "01_toy.log").stat().st_size < 20_000
+    assert (out / "_logs" / "stub" / "01_toy.log").stat().st_size < 20_000
+    assert sorted(p.name for p in (out / "stub").iterdir()) == ["results.json"]
 
 
 def test_dist_lab_reference_stub_planted_gloo(tmp_path):

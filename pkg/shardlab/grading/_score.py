@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
+from ._feedback import Allowed, safe_message
 from ._junit import _Case, _nodeid_key, _Parsed
 from ._runner import NEEDS_GPU_REASON
 from .rubric import Rubric
@@ -24,7 +25,8 @@ class Row:
     points: float
     max_points: float
     status: str
-    message: str = ""
+    message: str = ""  # for the instructor (grades.csv, junit.xml)
+    feedback: str | None = None  # for the student (results.json); None: same as message
 
 
 def _needs_gpu_row(key: str) -> Row:
@@ -84,8 +86,14 @@ def score(
     died: str = "",
     running: str | None = None,
     file_mb: float = 64.0,
+    allowed: Allowed | None = None,
 ) -> list[Row]:
-    """Map parsed cases to rubric rows."""
+    """Map parsed cases to rubric rows.
+
+    ``message`` keeps the test's own first line; ``feedback`` passes on only what
+    :func:`._feedback.safe_message` lets through (``allowed``: the lab's test messages).
+    """
+    allowed = allowed or Allowed()
     rows = []
     running_key = _nodeid_key(running)[0] if running else None
     for key, points in rubric.points.items():
@@ -99,7 +107,9 @@ def score(
                 rows.append(_needs_gpu_row(key))
             elif file in parsed.collect_errors:
                 msg = f"did not run: {file} could not be imported: {parsed.collect_errors[file]}"
-                rows.append(Row(key, 0.0, points, "did not run", _truncate(msg)))
+                shown = safe_message(parsed.collect_errors[file], allowed)
+                fb = f"did not run: {file} could not be imported: {shown}"
+                rows.append(Row(key, 0.0, points, "did not run", _truncate(msg), _truncate(fb)))
             else:
                 msg = "did not run" + (f": {died}" if died else "")
                 rows.append(Row(key, 0.0, points, "did not run", _truncate(msg)))
@@ -121,7 +131,7 @@ def score(
             rows.append(_needs_gpu_row(key))
             continue
         if not bad:
-            status, message = "passed", ""
+            status, message, feedback = "passed", "", ""
         else:
             first = bad[0]
             label = f"[{first.case}] " if first.case else ""
@@ -137,23 +147,43 @@ def score(
                 status = "failed"
             counts = f"{len(passed)}/{len(graded)} cases passed; " if len(graded) > 1 else ""
             message = f"{counts}{label}{_first_line(first.message) or first.outcome}"
+            if first.outcome == "died":  # the grader's own sentence
+                shown = _first_line(first.message)
+            else:
+                shown = safe_message(first.message, allowed)
+            feedback = f"{counts}{label}{shown or first.outcome}"
             if "File too large" in first.message:
-                message += (
-                    f" (output or a file exceeded the {file_mb:g} MB limit: flooding stdout?)"
-                )
+                extra = f" (output or a file exceeded the {file_mb:g} MB limit: flooding stdout?)"
+                message += extra
+                feedback += extra
         if gpu:
-            message = (
-                message + "; " if message else ""
-            ) + f"{len(gpu)} case(s) need a GPU (not counted)"
-        rows.append(Row(key, round(earned, 6), round(max_points, 6), status, _truncate(message)))
+            extra = f"{len(gpu)} case(s) need a GPU (not counted)"
+            message = (message + "; " if message else "") + extra
+            feedback = (feedback + "; " if feedback else "") + extra
+        rows.append(
+            Row(
+                key,
+                round(earned, 6),
+                round(max_points, 6),
+                status,
+                _truncate(message),
+                _truncate(feedback),
+            )
+        )
     return rows
 
 
-def _zero(rubric: Rubric, status: str, message: str, cuda: bool) -> list[Row]:
+def _zero(
+    rubric: Rubric, status: str, message: str, cuda: bool, feedback: str | None = None
+) -> list[Row]:
+    """Every test 0 points with one status; GPU tests without CUDA stay out of the maximum
+    whatever the status (a tampered, rejected or failed-to-grade lab has the same maximum
+    as an honest one)."""
     rows = []
     for key, points in rubric.points.items():
-        if key in rubric.gpu_tests and not cuda and status in ("missing", "syntax error"):
+        if key in rubric.gpu_tests and not cuda:
             rows.append(_needs_gpu_row(key))
         else:
-            rows.append(Row(key, 0.0, points, status, _truncate(message)))
+            fb = None if feedback is None else _truncate(feedback)
+            rows.append(Row(key, 0.0, points, status, _truncate(message), fb))
     return rows

@@ -1,45 +1,48 @@
 """Grade a folder of submissions against the labs' public and hidden tests.
 
-For every student (a sub-folder or a ``.zip`` of the submissions folder) and every lab:
+For every student (a sub-folder or a ``.zip`` of the submissions folder) and every lab, one
+*job* (:mod:`._jobs` runs them, each isolated: any exception or hang becomes that student's
+"grader error" row):
 
-1. find the rubric's ``submit`` files in the submission (``<lab>/<file>``, ``<file>``, or a
-   unique match anywhere); missing files and syntax errors are graded without running;
-2. build a fresh work folder: the instructor's lab folder (public tests, support modules)
-   plus ``hidden/`` tests, then the student's ``submit`` files; nothing else of the student's
-   is copied, so tests and helpers always come from the instructor;
-3. run pytest there in a limited process tree (:mod:`shardlab.grading.sandbox`), with the
-   JUnit report written into a separate private folder whose name the submission is not told;
-4. check the instructor files are unchanged afterwards (else: "tampered", 0 points);
-5. map pytest's per-test results to rubric points.
+1. verify that the labs, the ``shardlab`` package and the environment are unchanged since
+   grading started (:mod:`._integrity`); unpack a zip just now, into a fresh folder;
+2. read the rubric's ``submit`` files from the submission (``<lab>/<file>``, ``<file>``, or a
+   unique match anywhere), with bounded, link-free walking and reading (:mod:`._fs`);
+   missing files, unsafe folders and syntax errors are graded without running (the syntax
+   check runs in a child process: a pathological file cannot crash the grader);
+3. copy the instructor's lab files (public tests, helpers, ``hidden/`` tests of this lab)
+   and the student's ``submit`` files into a fresh job folder, and run pytest on them inside
+   bubblewrap (:mod:`.sandbox`, :mod:`._bwrap`), every file mounted read-only;
+4. check the instructor files are unchanged afterwards (else "tampered", 0 points: only
+   possible without the sandbox);
+5. map pytest's per-test results to rubric points (:mod:`._score`).
 
 Statuses: passed, partial, failed, skipped, needs GPU, did not run, timeout, crashed,
-missing, syntax error, rejected, tampered.
-
-Finding submissions is in ``_submissions``, reading pytest's reports in ``_junit``, and
-mapping cases to points in ``_score``; this module builds the work folder, runs the sandbox
-and drives the whole grading.
+missing, syntax error, rejected, tampered, grader error.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._feedback import Allowed, allowed_messages
+from ._fs import TreeError, make_dirs, open_dir_nofollow, read_in_tree, read_regular, write_new
 from ._junit import parse_junit, parse_progress
 from ._score import MESSAGE_CHARS, Row, _death_note, _zero, score
 from ._submissions import (
     MAX_ZIP_BYTES,
     MAX_ZIP_MEMBERS,
     SubmissionError,
+    collect,
     discover_submissions,
     locate,
     safe_extract,
@@ -68,6 +71,7 @@ __all__ = [
     "score",
 ]
 
+MAX_INSTRUCTOR_FILE = 256 * 2**20
 
 PYTEST_INI = """[pytest]
 addopts = -p no:cacheprovider
@@ -77,15 +81,33 @@ markers =
     gpu: needs a CUDA device
 """
 
+# Compiles the source on stdin in a child process; prints one JSON line.
+_SYNTAX_CHECK = r"""
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+resource.setrlimit(resource.RLIMIT_CPU, (20, 25))
+name = sys.argv[1]
+data = sys.stdin.buffer.read()
+try:
+    compile(data, name, "exec", dont_inherit=True)
+    out = {"ok": True}
+except SyntaxError as exc:
+    out = {"ok": False, "msg": f"{name} line {exc.lineno}: {exc.msg}"}
+except BaseException as exc:
+    out = {"ok": False, "msg": f"{name} cannot be compiled ({type(exc).__name__}: {str(exc)[:200]})"}
+print(json.dumps(out))
+"""
+
 
 @dataclass
 class LabResult:
     student: str
     lab: str
     rows: list[Row]
-    note: str = ""  # lab-level explanation (timeout, crash, tampering, ...)
+    note: str = ""  # lab-level explanation for the instructor (timeout, crash, tampering...)
     log_tail: str = ""
     wall: float = 0.0
+    feedback_note: str | None = None  # what the student sees instead of ``note`` (None: same)
 
     @property
     def points(self) -> float:
@@ -96,14 +118,54 @@ class LabResult:
         return sum(r.max_points for r in self.rows)
 
 
+def grader_error(student: str, rubric: Rubric, reason: str, cuda: bool) -> LabResult:
+    """0 points with status "grader error": the reason for the instructor, a neutral line for the student."""
+    msg = f"grader error: {reason}"
+    shown = "the grader could not grade this lab; your instructor has the reason"
+    return LabResult(
+        student,
+        rubric.lab,
+        _zero(rubric, "grader error", msg, cuda, feedback=shown),
+        note=msg,
+        feedback_note=shown,
+    )
+
+
 # --------------------------------------------------------------------------- one job
 
 
-def _digest(path: Path) -> str | None:
+def check_syntax(name: str, data: bytes) -> str:
+    """'' if ``data`` compiles, else a sentence (compiled in a child process, time-limited)."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
+        proc = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _SYNTAX_CHECK, name],
+            input=data,
+            capture_output=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        return f"{name} cannot be compiled (compiling took more than 60 s)"
+    try:
+        out = json.loads(proc.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return f"{name} cannot be compiled (the compiler stopped with exit code {proc.returncode})"
+    return "" if out.get("ok") else str(out.get("msg", f"{name} cannot be compiled"))
+
+
+def _digest_in(root: Path, name: str) -> str | None:
+    try:
+        return hashlib.sha256(
+            read_in_tree(root, tuple(name.split("/")), MAX_INSTRUCTOR_FILE)
+        ).hexdigest()
+    except TreeError:
         return None
+
+
+def lab_feedback(rubric: Rubric) -> Allowed:
+    """Messages the lab's tests and hints may show to students (see :mod:`._feedback`)."""
+    tests = [p for n, p in sandbox_files(rubric).items() if Path(n).name.startswith("test")]
+    modules = [rubric.lab_dir / f for f in rubric.submit]
+    return allowed_messages(tests, modules)
 
 
 def grade_lab(
@@ -114,57 +176,84 @@ def grade_lab(
     limits: Limits,
     cuda: bool,
     tmp_root: Path | None = None,
+    bwrap: str | None = None,
+    allowed: Allowed | None = None,
+    package: Path | None = None,
 ) -> LabResult:
-    """Grade one lab of one (already unpacked) submission."""
+    """Grade one lab of one (already unpacked) submission folder ``root``.
+
+    ``bwrap``: path of bubblewrap (the sandbox); None runs without it (unsafe).
+    """
+    from ._fs import remove_tree
+
     lab = rubric.lab
-    found: dict[str, Path] = {}
-    missing = []
-    for name in rubric.submit:
-        path = locate(root, lab, name)
-        if path is None:
-            missing.append(name)
-        else:
-            found[name] = path
+    try:
+        found, missing = collect(Path(root), lab, rubric.submit)
+    except SubmissionError as exc:
+        msg = str(exc)
+        return LabResult(student, lab, _zero(rubric, "rejected", msg, cuda), note=msg)
     if missing:
         msg = f"{', '.join(missing)} not found in the submission (expected {lab}/{missing[0]} or {missing[0]})"
         return LabResult(student, lab, _zero(rubric, "missing", msg, cuda), note=msg)
-    for name, path in found.items():
+    for name, data in found.items():
         if name.endswith(".py"):
-            try:
-                compile(path.read_bytes(), name, "exec", dont_inherit=True)
-            except SyntaxError as exc:
-                msg = f"{name} line {exc.lineno}: {exc.msg}"
-                return LabResult(student, lab, _zero(rubric, "syntax error", msg, cuda), note=msg)
-            except ValueError as exc:  # e.g. null bytes
-                msg = f"{name} cannot be compiled: {exc}"
-                return LabResult(student, lab, _zero(rubric, "syntax error", msg, cuda), note=msg)
+            problem = check_syntax(name, data)
+            if problem:
+                return LabResult(
+                    student, lab, _zero(rubric, "syntax error", problem, cuda), note=problem
+                )
 
-    base = Path(tempfile.mkdtemp(prefix="shardlab-grade-", dir=tmp_root))
-    private = Path(tempfile.mkdtemp(prefix="shardlab-private-", dir=tmp_root))
-    os.chmod(private, 0o700)
+    base = Path(tempfile.mkdtemp(prefix="shardlab-job-", dir=tmp_root))
     try:
-        work = base / "work"
+        os.chmod(base, 0o700)
+        work, private = base / "work", base / "private"
         work.mkdir()
-        digests: dict[str, str | None] = {}
-        for name, src in sandbox_files(rubric).items():
-            target = work / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, target)
-            digests[name] = _digest(target)
-        for name, src in found.items():
-            shutil.copyfile(src, work / name)
+        private.mkdir(mode=0o700)
+        work_fd = open_dir_nofollow(work)
+        digests: dict[str, str] = {}
+        names: list[str] = []
+        try:
+            sources = [
+                (n, read_regular(p, MAX_INSTRUCTOR_FILE)) for n, p in sandbox_files(rubric).items()
+            ]
+            for name, data in [*sources, *found.items()]:
+                parts = tuple(name.split("/"))
+                dir_fd = make_dirs(work_fd, parts[:-1])
+                try:
+                    write_new(dir_fd, parts[-1], data)
+                finally:
+                    os.close(dir_fd)
+                names.append(name)
+            for name, data in sources:
+                digests[name] = hashlib.sha256(data).hexdigest()
+        finally:
+            os.close(work_fd)
         ini = private / "pytest.ini"
         ini.write_text(PYTEST_INI)
-        run = run_pytest(work, private, limits, cuda=cuda, ini=ini)
+        run = run_pytest(
+            work,
+            private,
+            limits,
+            cuda=cuda,
+            ini=ini,
+            bwrap=bwrap,
+            work_files={n: work / n for n in names},
+            package=package,
+        )
         tampered = [
-            f"{name} ({'deleted' if _digest(work / name) is None else 'changed'})"
+            f"{name} ({'deleted' if now is None else 'changed'})"
             for name, digest in digests.items()
-            if _digest(work / name) != digest
+            if (now := _digest_in(work, name)) != digest
         ]
     finally:
-        shutil.rmtree(base, ignore_errors=True)
-        shutil.rmtree(private, ignore_errors=True)
+        remove_tree(base)
+    return _result(student, rubric, run, tampered, limits, cuda, allowed)
 
+
+def _result(student, rubric, run, tampered, limits, cuda, allowed) -> LabResult:
+    lab = rubric.lab
+    if run.sandbox_error:
+        return grader_error(student, rubric, run.sandbox_error, cuda)
     notes = []
     if run.supervisor_killed:
         notes.append(
@@ -191,7 +280,7 @@ def grade_lab(
     if run.junit and not died:
         try:
             parsed = parse_junit(run.junit, rubric)
-        except ET.ParseError:
+        except (ET.ParseError, RecursionError, ValueError):
             died = "pytest's JUnit report is unreadable"
     running = None
     if parsed is None:
@@ -200,7 +289,15 @@ def grade_lab(
             died += f" while collecting {Path(collecting).name}"
     if died:
         notes.insert(0, died)
-    rows = score(rubric, parsed, cuda=cuda, died=died, running=running, file_mb=limits.file_size_mb)
+    rows = score(
+        rubric,
+        parsed,
+        cuda=cuda,
+        died=died,
+        running=running,
+        file_mb=limits.file_size_mb,
+        allowed=allowed if allowed is not None else lab_feedback(rubric),
+    )
     return LabResult(
         student, lab, rows, note="; ".join(notes), log_tail=run.log_tail, wall=run.wall
     )
@@ -247,50 +344,39 @@ def grade(
     limits: Limits | None = None,
     cuda: bool | None = None,
     progress=None,
+    sandbox: bool = True,
 ) -> list[LabResult]:
-    """Grade every submission against every lab; write reports to ``out_dir`` if given."""
-    from .report import write_reports
+    """Grade every submission against every lab; write reports to ``out_dir`` if given.
+
+    ``sandbox=False`` runs submissions without bubblewrap (see ``_bwrap.UNSAFE_WARNING``);
+    with ``sandbox=True`` a missing or broken bubblewrap raises ``SandboxUnavailable``.
+    """
+    from ._jobs import require_bwrap, run_jobs
+    from .report import prepare_out, write_reports
 
     limits = limits or Limits()
     rubrics = load_rubrics(labs_dir, labs)
     if not rubrics:
         raise ValueError(f"no lab with a rubric.toml under {labs_dir}.")
-    if cuda is None:
-        cuda = detect_cuda()
+    bwrap = require_bwrap() if sandbox else None
     students = discover_submissions(submissions)
-    workers = workers or max(1, (os.cpu_count() or 2) // 2)
-    unpack_root = Path(tempfile.mkdtemp(prefix="shardlab-submissions-"))
-    results: list[LabResult] = []
+    out_fd = prepare_out(Path(out_dir)) if out_dir is not None else None
     try:
-        jobs = []
-        for student, path in students:
-            if path.is_dir():
-                jobs.extend((student, path, r, None) for r in rubrics)
-                continue
-            dest = unpack_root / student
-            dest.mkdir()
-            try:
-                safe_extract(path, dest)
-                jobs.extend((student, dest, r, None) for r in rubrics)
-            except SubmissionError as exc:
-                jobs.extend((student, dest, r, str(exc)) for r in rubrics)
-
-        def work(job) -> LabResult:
-            student, root, rubric, rejected = job
-            if rejected:
-                res = LabResult(
-                    student, rubric.lab, _zero(rubric, "rejected", rejected, cuda), note=rejected
-                )
-            else:
-                res = grade_lab(student, root, rubric, limits=limits, cuda=cuda)
-            if progress is not None:
-                progress(res)
-            return res
-
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(work, jobs))
+        if cuda is None:
+            cuda = detect_cuda()
+        results = run_jobs(
+            students,
+            rubrics,
+            limits=limits,
+            cuda=cuda,
+            workers=workers or max(1, (os.cpu_count() or 2) // 2),
+            sandbox=sandbox,
+            progress=progress,
+            bwrap=bwrap,
+        )
+        if out_fd is not None:
+            write_reports(results, Path(out_dir), dir_fd=out_fd)
     finally:
-        shutil.rmtree(unpack_root, ignore_errors=True)
-    if out_dir is not None:
-        write_reports(results, Path(out_dir))
+        if out_fd is not None:
+            os.close(out_fd)
     return results

@@ -1,41 +1,36 @@
-"""Run pytest on one submission in a separate, limited, killable process tree.
+"""Run pytest on one submission in a bubblewrap sandbox (or, unsafely, a limited process tree).
 
 Process layout::
 
-    grader (this process, possibly several threads, one per submission)
-      └─ supervisor  python -m shardlab.grading._runner supervise   (new session)
-           └─ pytest python -m shardlab.grading._runner pytest      (cwd = work dir)
-                └─ whatever the submission starts (ranks, daemons, ...)
+    grader (this process, one thread per submission being graded)
+      └─ bwrap                      new session, dies with the grader (--die-with-parent)
+           └─ supervisor            PID 1 of a new PID namespace (--as-pid-1)
+                └─ pytest           cwd = /grade/work (a size-capped tmpfs)
+                     └─ whatever the submission starts (ranks, daemons, ...)
+
+The sandbox's view of the file system is in :mod:`._bwrap`. Nothing the submission starts
+can outlive the supervisor: it is the namespace's init, so when it exits (after pytest, having
+killed and counted the survivors) or is killed by the grader, the kernel kills every process
+of the namespace; and no process inside can kill it. No host path is writable inside: the
+JUnit report, the progress log and the supervisor's status go to files the grader opened, as
+inherited file descriptors.
+
+With ``sandbox=False`` (``--unsafe-no-sandbox``) the same supervisor runs as a plain child
+in its own session, a child subreaper, killing its session if the grader dies; the grader
+then finds the tree three ways (descendants, session, a random token in the environment).
 
 What is limited, and how
     * wall clock: the grader waits at most ``timeout`` seconds, then kills everything;
     * CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS``, generous: torch reserves
       a lot of virtual memory; not set when CUDA is used) and file size (``RLIMIT_FSIZE``,
-      stops an output flood from filling the disk) are set by the supervisor with
-      ``resource.setrlimit`` and inherited by every descendant. The supervisor applies them
-      to itself instead of the grader using ``preexec_fn``, which is unsafe in a threaded
-      program;
-    * number of processes and total resident memory: ``RLIMIT_NPROC`` counts all processes
-      of the *user* (root is exempt), so it cannot limit one sandbox. A monitor polls the
-      sandbox's processes with psutil every ``poll`` seconds and kills the whole tree when
-      either exceeds its limit.
+      stops an output flood) are set by the supervisor with ``resource.setrlimit`` and
+      inherited by every descendant;
+    * /tmp, /dev/shm and the work folder are tmpfs mounts of ``tmp_mb`` each;
+    * number of processes and total resident memory: polled with psutil every ``poll``
+      seconds; the whole tree is killed when either exceeds its limit.
 
-Finding every process of the sandbox
-    The tree is found three ways, because a submission can leave each one: (1) descendants
-    by parent pid (psutil), (2) members of the supervisor's session (``start_new_session``),
-    (3) processes whose environment carries this sandbox's random token
-    (``SHARDLAB_SANDBOX``; readable for processes of the same user). On Linux the supervisor
-    is a child subreaper, so a daemon that double-forks is re-parented to the supervisor
-    rather than to init and is still found by (1). The grader itself is *not* a subreaper:
-    otherwise a submission that kills its parent twice would reach the grader. Only a process
-    that leaves its session, clears its environment *and* escapes the subreaper (by killing
-    the supervisor first) is missed (see the threat model).
-    To kill, every process found is frozen with SIGSTOP (repeatedly, until no new process
-    appears), then all get SIGKILL, so nothing can fork during the kill.
-
-Output
-    stdout and stderr of the tree go to one file in the private folder; it can grow only up
-    to ``RLIMIT_FSIZE`` and only its last ``log_tail`` bytes are read back.
+To kill, every process found is frozen with SIGSTOP (repeatedly, until no new process
+appears), then all get SIGKILL, so nothing can fork during the kill.
 """
 
 from __future__ import annotations
@@ -54,6 +49,8 @@ from pathlib import Path
 
 import psutil
 
+from ._bwrap import INI, PKG, WORK, bwrap_argv
+
 TOKEN_ENV = "SHARDLAB_SANDBOX"
 
 
@@ -68,6 +65,7 @@ class Limits:
     max_procs: int = 32  # processes in the sandbox tree at the same time
     max_rss_gb: float = 6.0  # resident memory of the whole tree
     poll: float = 0.2  # monitor period, seconds
+    tmp_mb: float = 512.0  # size of each tmpfs in the sandbox: /tmp, /dev/shm, /grade
 
     def rlimits(self, cuda: bool) -> dict:
         cpu = self.cpu_seconds if self.cpu_seconds is not None else int(2 * self.timeout + 10)
@@ -89,6 +87,7 @@ class RunResult:
     timed_out: bool = False
     killed_reason: str = ""  # "too many processes" / "memory" / "" ...
     supervisor_killed: bool = False
+    sandbox_error: str = ""  # bubblewrap itself failed to start the sandbox
     junit: bytes | None = None
     progress: list[dict] = field(default_factory=list)
     log_tail: str = ""
@@ -180,7 +179,7 @@ class _Tree:
         return len(killed - {self.root.pid})
 
 
-_supervisors: set[int] = set()  # live supervisor pids of all running sandboxes
+_supervisors: set[int] = set()  # live supervisor / bwrap pids of all running sandboxes
 _supervisors_lock = threading.Lock()
 
 
@@ -199,36 +198,41 @@ def _tail(path: Path, nbytes: int) -> str:
     return text
 
 
-def run_pytest(
-    workdir: Path,
-    private: Path,
-    limits: Limits,
-    *,
-    cuda: bool = False,
-    ini: Path,
-    pytest_args: tuple[str, ...] = (),
-    log_tail: int = 8000,
-) -> RunResult:
-    """Run pytest over ``workdir`` in a fresh limited process tree; always kill the tree."""
-    private = Path(private)
-    token = secrets.token_hex(16)
-    junit = private / f"junit-{secrets.token_hex(8)}.xml"
-    progress = private / f"progress-{secrets.token_hex(8)}.jsonl"
-    log_path = private / "output.log"
-    config = {
-        "workdir": str(workdir),
-        "private": str(private),
-        "ini": str(ini),
-        "junit": str(junit),
-        "progress": str(progress),
-        "cuda": cuda,
-        "limits": limits.rlimits(cuda),
-        "pytest_args": list(pytest_args),
-    }
-    env = dict(os.environ)
-    for var in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTHONSTARTUP", "PYTEST_CURRENT_TEST"):
-        env.pop(var, None)
-    pkg_parent = str(Path(__file__).resolve().parents[2])
+def _status(path: Path) -> dict:
+    """Merged JSON records of the supervisor's status file (bounded read)."""
+    merged: dict = {}
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(65536)
+    except OSError:
+        return merged
+    for line in data.decode("utf-8", "replace").splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                merged.update(record)
+    return merged
+
+
+def _environment(
+    token: str, cuda: bool, sandbox: bool, work: Path, package: Path | None
+) -> dict[str, str]:
+    if sandbox:
+        pkg_parent = PKG
+    else:
+        pkg_parent = str(Path(package).parent if package else Path(__file__).resolve().parents[2])
+    if sandbox:  # a fresh, minimal environment: nothing of the grader's leaks in
+        env = {
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": WORK,
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+        }
+    else:
+        env = dict(os.environ)
+        for var in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTHONSTARTUP", "PYTEST_CURRENT_TEST"):
+            env.pop(var, None)
+        env["TMPDIR"] = str(work / ".tmp")
     env.update(
         {
             TOKEN_ENV: token,
@@ -238,7 +242,6 @@ def run_pytest(
             "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
-            "TMPDIR": str(workdir / ".tmp"),
             "MPLBACKEND": "Agg",
             # only pytest's own plugins: faster start, and nothing installed can alter reports
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
@@ -246,18 +249,75 @@ def run_pytest(
     )
     if not cuda:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    (workdir / ".tmp").mkdir(exist_ok=True)
+    return env
+
+
+def run_pytest(
+    work: Path,
+    private: Path,
+    limits: Limits,
+    *,
+    cuda: bool = False,
+    ini: Path,
+    bwrap: str | None,
+    work_files: dict[str, Path] | None = None,
+    package: Path | None = None,
+    pytest_args: tuple[str, ...] = (),
+    log_tail: int = 8000,
+) -> RunResult:
+    """Run pytest in a fresh sandbox; always kill the whole tree before returning.
+
+    With ``bwrap`` (its path), ``work_files`` ({name: host file}) are mounted read-only into
+    the sandbox's ``/grade/work``; without it (unsafe), pytest runs in ``work`` itself.
+    ``package``: the ``shardlab`` package folder the sandbox imports (the grader's copy).
+    ``private`` is a folder of the grader's that the sandbox never sees.
+    """
+    private = Path(private)
+    sandbox = bwrap is not None
+    token = secrets.token_hex(16)
+    log_path = private / "output.log"
+    paths = {k: private / f"{k}-{secrets.token_hex(8)}" for k in ("junit", "progress", "status")}
+    fds = {k: os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600) for k, p in paths.items()}
+    config = {
+        "workdir": WORK if sandbox else str(work),
+        "ini": INI if sandbox else str(ini),
+        "junit_fd": fds["junit"],
+        "progress_fd": fds["progress"],
+        "status_fd": fds["status"],
+        "cuda": cuda,
+        "limits": limits.rlimits(cuda),
+        "pytest_args": list(pytest_args),
+    }
+    if package is None:
+        package = Path(__file__).resolve().parents[1]
+    env = _environment(token, cuda, sandbox, Path(work), package)
+    runner = f"{PKG}/shardlab" if sandbox else str(package)
+    command = [sys.executable, "-P", f"{runner}/grading/_runner.py", "supervise"]
+    if sandbox:
+        tmp_bytes = int(limits.tmp_mb * 2**20)
+        prefix = bwrap_argv(bwrap, work_files or {}, ini, package, tmp_bytes=tmp_bytes, cuda=cuda)
+        command = prefix + [
+            "--",
+            *command,
+        ]
+    else:
+        (Path(work) / ".tmp").mkdir(exist_ok=True)
     start = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "shardlab.grading._runner", "supervise"],
-            stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=str(workdir),
-            env=env,
-            start_new_session=True,
-        )
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=str(private if sandbox else work),
+                env=env,
+                start_new_session=True,
+                pass_fds=tuple(fds.values()),
+            )
+    finally:
+        for fd in fds.values():
+            os.close(fd)
     with _supervisors_lock:
         _supervisors.add(proc.pid)
     result = RunResult(returncode=None)
@@ -269,23 +329,26 @@ def run_pytest(
         pass
     pytest_proc: psutil.Process | None = None
     deadline = start + limits.timeout
+    status: dict = {}
     try:
         while True:
-            if pytest_proc is None:
-                with contextlib.suppress(OSError, ValueError):
-                    pid = int((private / "pytest.pid").read_text())
-                    pytest_proc = _proc(pid)
-                    if pytest_proc is not None:
-                        tree.known.setdefault(pid, pytest_proc)
-            with contextlib.suppress(OSError, ValueError):
-                result.returncode = int((private / "pytest.exit").read_text())
+            status = _status(paths["status"])
+            if pytest_proc is None and not sandbox and "pytest_pid" in status:
+                pytest_proc = _proc(int(status["pytest_pid"]))
+                if pytest_proc is not None:
+                    tree.known.setdefault(pytest_proc.pid, pytest_proc)
+            if "exit" in status:
+                result.returncode = int(status["exit"])
+                if sandbox:  # the supervisor exits right after: let the namespace end
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=10)
                 break  # normal end: pytest exited and the supervisor recorded its code
             sup_code = proc.poll()
             if sup_code is not None:
-                if pytest_proc is None or not _alive(pytest_proc):
-                    break  # the supervisor died, and pytest too
+                if sandbox or pytest_proc is None or not _alive(pytest_proc):
+                    break  # the sandbox ended, or (unsafe) the supervisor and pytest died
                 result.supervisor_killed = True  # pytest orphaned but still running: wait
-            procs = tree.scan()
+            procs = [p for p in tree.scan() if p.pid != proc.pid or not sandbox]
             if len(procs) > limits.max_procs:
                 result.killed_reason = (
                     f"the submission started too many processes ({len(procs)} at once; "
@@ -302,13 +365,18 @@ def run_pytest(
                 break
             time.sleep(limits.poll)
     finally:
-        result.survivors_killed = tree.kill_all()
+        killed = tree.kill_all()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
         with _supervisors_lock:
             _supervisors.discard(proc.pid)
+    result.survivors_killed = int(status.get("survivors", 0)) + killed
     result.wall = time.monotonic() - start
-    if result.returncode is None and not result.supervisor_killed:
+    if sandbox and result.returncode is None and not (result.timed_out or result.killed_reason):
+        said = [ln for ln in _tail(log_path, 4000).splitlines() if ln.startswith("bwrap:")]
+        if said:
+            result.sandbox_error = f"bubblewrap could not start the sandbox ({said[-1][:300]})"
+    if not sandbox and result.returncode is None and not result.supervisor_killed:
         sup_code = proc.returncode
         if sup_code is not None and sup_code < 0:
             if not result.timed_out and not result.killed_reason:
@@ -317,13 +385,21 @@ def run_pytest(
             result.returncode = sup_code
     if result.returncode is not None and result.returncode > 128:
         result.returncode = -(result.returncode - 128)  # pytest died from a signal
-    with contextlib.suppress(OSError):
-        result.junit = junit.read_bytes()
-    with contextlib.suppress(OSError):
-        for line in progress.read_text(encoding="utf-8", errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict):
-                    result.progress.append(record)
+    result.junit = _read_capped(paths["junit"], 64 * 2**20)
+    data = _read_capped(paths["progress"], 16 * 2**20) or b""
+    for line in data.decode("utf-8", "replace").splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                result.progress.append(record)
     result.log_tail = _tail(log_path, log_tail)
     return result
+
+
+def _read_capped(path: Path, limit: int) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError:
+        return None
+    return data if data and len(data) <= limit else None

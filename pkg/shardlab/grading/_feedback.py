@@ -1,0 +1,128 @@
+"""What a student may read in ``results.json``: only messages the instructor's tests wrote.
+
+A failure message from pytest is text the submission controls: an exception it raises can
+carry anything it read inside the sandbox (the hidden tests are there, they must run). So
+the student-facing feedback keeps a message only when it is
+
+* the message of an ``assert`` (``assert x, "..."``), of ``pytest.fail/skip/xfail("...")``
+  or of a ``raise SomeError("...")`` written in the instructor's test files of the lab, as
+  a string literal or an f-string whose fields matched a single number (or True/False/None);
+* the hint of a solution block of the lab's ``submit`` modules (the released stub raises
+  ``NotImplementedError("<hint>")``);
+
+and otherwise only the exception's name when it is a built-in exception (``AssertionError``,
+``ValueError``, ...). pytest's assertion introspection (``assert 3 == 4``, ``where ...``) is
+never passed on: it prints values the submission computed. The instructor's files
+(grades.csv, summary.csv, junit.xml, logs/) keep the full messages.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._fs import TreeError, read_regular
+from .release import find_blocks
+
+WITHHELD = "message not shown: it did not come from the tests"
+_NUMBER = (
+    r"(?:[-+]?(?:\d[\d_]*\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|inf|nan)|True|False|None)"
+)
+_BUILTIN_EXC = {
+    name
+    for name, obj in vars(builtins).items()
+    if isinstance(obj, type) and issubclass(obj, BaseException)
+}
+_PYTEST_OUTCOMES = {"Failed", "Skipped", "XFailed"}
+_MESSAGE_CALLS = {"fail", "skip", "xfail", "importorskip"}
+
+
+@dataclass
+class Allowed:
+    literals: set[str] = field(default_factory=set)
+    patterns: list[re.Pattern] = field(default_factory=list)
+
+    def match(self, text: str) -> bool:
+        text = text.strip()
+        if not text:
+            return False
+        if text in self.literals:
+            return True
+        return any(p.fullmatch(text) for p in self.patterns)
+
+
+def _add(node: ast.AST | None, allowed: Allowed) -> None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        for line in node.value.splitlines()[:1]:
+            if line.strip():
+                allowed.literals.add(line.strip())
+    elif isinstance(node, ast.JoinedStr):
+        parts = []
+        for value in node.values:
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                parts.append(re.escape(value.value))
+            else:
+                parts.append(_NUMBER)
+        pattern = "".join(parts).split("\\\n")[0].strip()
+        if pattern and pattern != _NUMBER:
+            allowed.patterns.append(re.compile(pattern))
+
+
+def _from_test_source(source: str, allowed: Allowed) -> None:
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assert):
+            _add(node.msg, allowed)
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in _MESSAGE_CALLS or name in _BUILTIN_EXC:
+                for arg in node.args[:1]:
+                    _add(arg, allowed)
+                for kw in node.keywords:
+                    if kw.arg in ("reason", "msg"):
+                        _add(kw.value, allowed)
+
+
+def allowed_messages(test_files: list[Path], submit_modules: list[Path]) -> Allowed:
+    """Messages of the instructor's test files and hints of the reference modules."""
+    allowed = Allowed()
+    for path in test_files:
+        try:
+            _from_test_source(read_regular(path, 4 * 2**20).decode("utf-8", "replace"), allowed)
+        except TreeError:
+            continue
+    for path in submit_modules:
+        try:
+            source = read_regular(path, 4 * 2**20).decode("utf-8", "replace")
+            allowed.literals.update(b.hint for b in find_blocks(source, str(path)))
+        except (TreeError, ValueError):
+            continue
+    return allowed
+
+
+def safe_message(message: str, allowed: Allowed) -> str:
+    """The first line of a failure message if the tests wrote it; else a neutral sentence."""
+    lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    line = lines[0]
+    m = re.match(r"^([A-Za-z_][A-Za-z0-9_.]*)(?::\s?(.*))?$", line, re.S)
+    if m:
+        name = m.group(1).rsplit(".", 1)[-1]
+        rest = (m.group(2) or "").strip()
+        if name in _BUILTIN_EXC or name in _PYTEST_OUTCOMES:
+            if not rest:
+                return name
+            if allowed.match(rest):
+                return f"{name}: {rest}"
+            return f"{name} ({WITHHELD})"
+    if allowed.match(line):
+        return line
+    return f"({WITHHELD})"
