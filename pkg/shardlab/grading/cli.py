@@ -2,7 +2,8 @@
 
 ``shardlab release [--labs DIR] --out DIR [--zip] [--force]``
 ``shardlab grade SUBMISSIONS [--labs DIR] --out DIR [--lab NAME ...] [--workers N]
-[--timeout S] [--max-procs N] [--max-rss-gb G] [--as-gb G] [--file-mb M] [--cuda|--no-cuda]``
+[--timeout S] [--max-procs N] [--max-rss-gb G] [--as-gb G] [--file-mb M] [--tmp-mb M]
+[--cuda|--no-cuda] [--unsafe-no-sandbox]``
 
 :func:`add_parsers` adds both sub-commands to another program's sub-parsers (``shardlab``'s
 own CLI calls it); :func:`main` runs them standalone (``python -m shardlab.grading``).
@@ -41,6 +42,7 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _grade(args: argparse.Namespace) -> int:
+    from ._bwrap import UNSAFE_WARNING, SandboxUnavailable
     from .grade import SubmissionError, grade
     from .report import fmt
     from .rubric import RubricError
@@ -52,7 +54,10 @@ def _grade(args: argparse.Namespace) -> int:
         max_rss_gb=args.max_rss_gb,
         address_space_gb=args.as_gb if args.as_gb > 0 else None,
         file_size_mb=args.file_mb,
+        tmp_mb=args.tmp_mb,
     )
+    if args.unsafe_no_sandbox:
+        print(f"WARNING {UNSAFE_WARNING}", file=sys.stderr, flush=True)
 
     def progress(res) -> None:
         status = f"{fmt(res.points)}/{fmt(res.max_points)}"
@@ -69,10 +74,19 @@ def _grade(args: argparse.Namespace) -> int:
             limits=limits,
             cuda=args.cuda,
             progress=progress,
+            sandbox=not args.unsafe_no_sandbox,
         )
-    except (RubricError, SubmissionError, ValueError) as exc:
+    except (RubricError, SubmissionError, ValueError, SandboxUnavailable) as exc:
         print(f"grade failed: {exc}", file=sys.stderr)
         return 2
+    totals: dict[str, list[float]] = {}
+    for res in results:
+        got = totals.setdefault(res.student, [0.0, 0.0])
+        got[0] += res.points
+        got[1] += res.max_points
+    print("totals (student, points, max_points):")
+    for student, (points, most) in sorted(totals.items()):
+        print(f"  {student}  {fmt(points)}/{fmt(most)}")
     total = sum(r.points for r in results)
     print(
         f"graded {len(results)} lab submission(s), {fmt(total)} points in all; reports in {args.out}"
@@ -133,6 +147,18 @@ def add_parsers(subparsers) -> None:
         type=float,
         default=64.0,
         help="RLIMIT_FSIZE in MB: largest file/output (default 64)",
+    )
+    gr.add_argument(
+        "--tmp-mb",
+        type=float,
+        default=512.0,
+        help="size of the sandbox's /tmp, /dev/shm and work folder (tmpfs, MB each; default 512)",
+    )
+    gr.add_argument(
+        "--unsafe-no-sandbox",
+        action="store_true",
+        help="grade without bubblewrap (only for trusted code: a submission then sees and can "
+        "change everything your user can)",
     )
     cuda = gr.add_mutually_exclusive_group()
     cuda.add_argument(
