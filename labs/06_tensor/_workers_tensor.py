@@ -427,3 +427,65 @@ def extra_checks() -> dict | None:
         "other_activations": activation_rows(other),
     }
     return rep if dist.get_rank() == 0 else None
+
+
+def operator_rows(b: int = 2, s: int = 8, h: int = 3) -> dict:
+    """Each communication operator alone, forward and backward, against what it must compute
+    (every rank's input is rebuilt on every rank from a seed): max |difference| per operator."""
+    import tensor as T
+
+    t, r = dist.get_world_size(), dist.get_rank()
+    groups = TPGroups.from_world(t)
+
+    def inputs(shape, seed):
+        gens = [torch.Generator().manual_seed(seed * 100 + k) for k in range(t)]
+        return [torch.randn(shape, generator=g) for g in gens]
+
+    full, shard = (b, s, h), (b, s // t, h)
+    cases = {  # name: (operator, input shape, output-grad shape, forward, backward) per rank
+        "f (identity / all-reduce)": (T.f, full, full, lambda xs: xs[r], lambda gs: sum(gs)),
+        "g (all-reduce / identity)": (T.g, full, full, lambda xs: sum(xs), lambda gs: gs[r]),
+        "all-gather / reduce-scatter": (
+            T.gather_seq, shard, full, lambda xs: torch.cat(xs, 1),
+            lambda gs: sum(gs).chunk(t, 1)[r],
+        ),
+        "reduce-scatter / all-gather": (
+            T.scatter_seq, full, shard, lambda xs: sum(xs).chunk(t, 1)[r],
+            lambda gs: torch.cat(gs, 1),
+        ),
+    }  # fmt: skip
+    out = {}
+    for k, (name, (op, in_shape, g_shape, fwd, bwd)) in enumerate(cases.items()):
+        try:
+            xs, gs = inputs(in_shape, 2 * k), inputs(g_shape, 2 * k + 1)
+            x = xs[r].clone().requires_grad_()
+            y = op(x, groups)
+            (gx,) = torch.autograd.grad(y, x, gs[r])
+            out[name] = {"forward": _maxdiff(y, fwd(xs)), "backward": _maxdiff(gx, bwd(gs))}
+        except NotImplementedError as e:
+            out[name] = {"error": f"NotImplementedError: {e}"}
+    return out
+
+
+def _section(fn, *args, **kwargs):
+    """Run one part of the report; a missing student function shows up in its own section."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as e:
+        return {"error": f"NotImplementedError: {e}"}
+
+
+def lab_report(runs: str = "all") -> dict | None:
+    """Everything the notebook shows from one launch, section by section (rank 0 returns)."""
+    chosen = RUNS if runs == "all" else RUNS_SMALL
+    rep = {
+        "t": dist.get_world_size(),
+        "operators": operator_rows(),
+        "loss": _section(loss_comm),
+        "equality": _section(equality_rows, MODEL, chosen),
+        "comm": _section(comm_rows),
+        "activations": _section(activation_rows),
+    }
+    if runs == "all":
+        rep["dtensor"] = _section(dtensor_rows)
+    return rep if dist.get_rank() == 0 else None
