@@ -202,3 +202,24 @@ def subgroup_case(cfg: CPConfig, variant: str = "ring", seed: int = 0) -> dict:
     out = VARIANTS[variant](q, k, v, group, cfg.causal, cfg.zigzag)
     out.backward(mine["dout"])
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "seed": seed + r % 2}
+
+
+GQA_CASES = (  # (cfg, variant): MQA with b=2, MHA, odd head_dim; c=4
+    (CPConfig(s=48, c=4, heads=4, kv_heads=1, batch=2, causal=True, zigzag=True), "ring"),
+    (CPConfig(s=32, c=4, heads=4, kv_heads=4, head_dim=8, causal=True), "ring"),
+    (CPConfig(s=48, c=4, heads=6, kv_heads=2, head_dim=12, causal=False, zigzag=True), "ring"),
+    (CPConfig(s=48, c=4, heads=4, kv_heads=1, batch=2, causal=True, zigzag=True), "all_gather"),
+)
+
+
+def hidden_report() -> dict:
+    """Hidden tests, one 4-rank launch: GQA/MQA/MHA cases, work per rank with and without
+    zig-zag, the all-gather variant's memory, and ring attention inside sub-groups."""
+    runs = check_all(list(GQA_CASES))
+    work = {
+        zz: run_case(CPConfig(s=64, c=4, causal=True, zigzag=zz), "ring", timed=True)["pairs"]
+        for zz in (False, True)
+    }
+    mem = [memory(CPConfig(s=s, c=4, causal=False), "all_gather") for s in (64, 128)]
+    sub = subgroup_case(CPConfig(s=32, c=2, causal=True, zigzag=True))
+    return {"runs": runs, "work": work, "memory": mem, "sub": sub}
