@@ -271,7 +271,9 @@ def dtensor_rows(model: ModelConfig = MODEL) -> list[dict]:
         y1, y2 = _run_stack(ours, x, w), _run_stack(theirs, xd, w)
         g_ours = full_grads_blocks(ours, groups)
         g_theirs = {
-            n: p.grad.full_tensor() for n, p in theirs.named_parameters() if "proj" in n or "fc" in n
+            n: p.grad.full_tensor()
+            for n, p in theirs.named_parameters()
+            if "proj" in n or "fc" in n
         }
         rows.append({
             "sp": sp, "output": _maxdiff(y1, y2), "input_grad": _maxdiff(x.grad, xd.grad),

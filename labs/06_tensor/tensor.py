@@ -110,7 +110,9 @@ def all_gather_seq(x: torch.Tensor, groups: TPGroups) -> torch.Tensor:
         return x
     t, (b, s_loc, h) = groups.tp, x.shape
     # BEGIN SOLUTION hint: all_gather_into_tensor into a (t, b, s/t, h) buffer (dim 0 = rank), then move the rank dim next to s and reshape to (b, s, h)
-    buf = torch.empty(t, b, s_loc, h, dtype=x.dtype)  # (t, b, s/t, h): dim 0 is the rank
+    buf = torch.empty(
+        t, b, s_loc, h, dtype=x.dtype, device=x.device
+    )  # (t, b, s/t, h): dim 0 is the rank
     all_gather_into_tensor(buf.view(-1), x.contiguous().view(-1), group=groups.tp_group)
     return buf.transpose(0, 1).reshape(b, t * s_loc, h)  # (b, s, h)
     # END SOLUTION
@@ -123,7 +125,7 @@ def reduce_scatter_seq(x: torch.Tensor, groups: TPGroups) -> torch.Tensor:
     t, (b, s, h) = groups.tp, x.shape
     # BEGIN SOLUTION hint: lay x out as (t, b, s/t, h) contiguous (chunk r = rank r's positions), reduce_scatter_tensor into a (b, s/t, h) tensor
     chunks = x.reshape(b, t, s // t, h).transpose(0, 1).contiguous()  # (t, b, s/t, h)
-    out = torch.empty(b, s // t, h, dtype=x.dtype)
+    out = torch.empty(b, s // t, h, dtype=x.dtype, device=x.device)
     reduce_scatter_tensor(out.view(-1), chunks.view(-1), group=groups.tp_group)
     return out
     # END SOLUTION

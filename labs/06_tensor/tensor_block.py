@@ -138,7 +138,7 @@ class ParallelAttention(nn.Module):
         b, _, s, _ = q.shape
         m = self.cfg.model
         # BEGIN SOLUTION hint: draw the full (b, a, s, s) mask (dropout_mask, site "attn"), keep this rank's heads (clone the slice), call attention_core
-        mask = dropout_mask((b, m.a, s, s), m.attn_dropout, seed, self.layer, "attn")
+        mask = dropout_mask((b, m.a, s, s), m.attn_dropout, seed, self.layer, "attn", q.device)
         if mask is not None:
             lo = self.groups.tp_rank * self.heads
             mask = mask[:, lo : lo + self.heads].clone()  # a compact copy: saved for backward
@@ -191,7 +191,7 @@ class ParallelBlock(nn.Module):
         b, s_loc, h = o.shape
         # BEGIN SOLUTION hint: full (b, s, h) mask; under SP keep (a clone of) this rank's positions
         s = s_loc * self.groups.tp if self.cfg.sequence_parallel else s_loc
-        mask = dropout_mask((b, s, h), m.dropout, seed, self.layer, site)
+        mask = dropout_mask((b, s, h), m.dropout, seed, self.layer, site, o.device)
         if mask is not None and self.cfg.sequence_parallel:
             lo = self.groups.tp_rank * s_loc
             mask = mask[:, lo : lo + s_loc].clone()  # (b, s/t, h)

@@ -55,12 +55,15 @@ def dropout_seed(seed: int, layer: int, site: str) -> int:
     return (seed * 1_000_003 + layer * 101 + SITES[site]) % (2**62)
 
 
-def dropout_mask(shape, p: float, seed: int, layer: int, site: str) -> torch.Tensor | None:
-    """Full-size boolean mask, True = dropped (``None`` when ``p == 0``)."""
+def dropout_mask(
+    shape, p: float, seed: int, layer: int, site: str, device=None
+) -> torch.Tensor | None:
+    """Full-size boolean mask, True = dropped (``None`` when ``p == 0``); drawn on the CPU
+    (the same numbers on every machine), then moved to ``device``."""
     if p == 0:
         return None
     gen = torch.Generator().manual_seed(dropout_seed(seed, layer, site))
-    return torch.rand(shape, generator=gen) < p
+    return (torch.rand(shape, generator=gen) < p).to(device)
 
 
 def apply_dropout(x: torch.Tensor, mask: torch.Tensor | None, p: float) -> torch.Tensor:
@@ -69,9 +72,9 @@ def apply_dropout(x: torch.Tensor, mask: torch.Tensor | None, p: float) -> torch
     return x if mask is None else x.masked_fill(mask, 0.0) * (1.0 / (1.0 - p))
 
 
-def causal_bias(s: int) -> torch.Tensor:
+def causal_bias(s: int, device=None) -> torch.Tensor:
     """(s, s) additive mask: 0 on and below the diagonal, -inf above (adding it saves nothing)."""
-    return torch.full((s, s), float("-inf")).triu(1)
+    return torch.full((s, s), float("-inf"), device=device).triu(1)
 
 
 def attention_core(q, k, v, mask: torch.Tensor | None, p: float) -> torch.Tensor:
@@ -80,7 +83,7 @@ def attention_core(q, k, v, mask: torch.Tensor | None, p: float) -> torch.Tensor
     Saved for backward: q, k (the scores' matmul), the softmax output, the dropout mask and
     the dropped-out probabilities with v (the second matmul)."""
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (b, heads, s, s)
-    att = (scores + causal_bias(q.shape[2])).softmax(-1)
+    att = (scores + causal_bias(q.shape[2], q.device)).softmax(-1)
     return apply_dropout(att, mask, p) @ v
 
 
@@ -111,7 +114,7 @@ class SerialBlock(nn.Module):
         s = q.shape[1]  # the full sequence, also when DTensor's SequenceParallel shards x
         heads = q.shape[-1] // (c.h // c.a)  # from the local width: DTensor shards give a/t
         lo = _rank() * heads if heads < c.a else 0
-        mask = dropout_mask((b, c.a, s, s), c.attn_dropout, seed, self.layer, "attn")
+        mask = dropout_mask((b, c.a, s, s), c.attn_dropout, seed, self.layer, "attn", x.device)
         mask = None if mask is None else mask[:, lo : lo + heads].clone()
         ctx = attention_core(*(split_heads(z, heads) for z in (q, k, v)), mask, c.attn_dropout)
         o = self.o_proj(merge_heads(ctx))
@@ -122,7 +125,7 @@ class SerialBlock(nn.Module):
     def _out_mask(self, o: torch.Tensor, s: int, seed: int, site: str):
         """The full (b, s, h) mask, or this rank's positions if ``o`` is a sequence shard."""
         b, s_loc, h = o.shape
-        mask = dropout_mask((b, s, h), self.c.dropout, seed, self.layer, site)
+        mask = dropout_mask((b, s, h), self.c.dropout, seed, self.layer, site, o.device)
         if mask is None or s_loc == s:
             return mask
         return mask[:, _rank() * s_loc : (_rank() + 1) * s_loc].clone()
