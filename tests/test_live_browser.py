@@ -1,6 +1,6 @@
 """The live calculators in a real browser: Chromium, the built site, no other host.
 
-Serves ``_build/html`` (``make book-build``) on 127.0.0.1, starts headless Chromium with
+Serves ``_build/html`` (``make book-build``, run here if the page is missing) on 127.0.0.1, starts headless Chromium with
 every other host unresolvable, opens chapter 2, waits for Python (Pyodide) to make its
 calculator live, types a new D into the calculator's input on the page, and checks that
 the page then shows the per-rank bytes ``shardlab.accounting.memory.model_state`` gives
@@ -69,8 +69,8 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def site_url():
-    if not (SITE / PAGE).is_file():
-        pytest.fail(f"{SITE / PAGE} is missing: build the book first (make book-build)")
+    if not (SITE / PAGE).is_file():  # make test builds it; build it here when run alone
+        subprocess.run(["make", "--no-print-directory", "book-build"], cwd=ROOT, check=True)
     requested: list[str] = []
     handler = functools.partial(
         type("Handler", (QuietHandler,), {"requested": requested}), directory=str(SITE)
@@ -270,5 +270,6 @@ def test_live_calculator_recomputes_in_the_browser(site_url, browser):
     print(
         f"\nlive calculator: navigation start -> first live result {live['readyAt'] / 1000:.1f} s "
         f"(page script start -> live {live['readyMs'] / 1000:.1f} s; wall {ready_wall:.1f} s); "
-        f"edit -> new result {edit_s:.2f} s; {len(urls)} requests, all to {base}"
+        f"edit -> new result {edit_s:.2f} s; {len(urls)} requests, all to {base}; "
+        f"phases (ms from navigation start): {live['phases']}"
     )

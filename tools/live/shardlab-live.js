@@ -30,10 +30,16 @@
     state: "loading",
     readyMs: null,
     readyAt: null,
+    phases: {}, // ms from navigation start at which each step finished
+
     errors: [],
     calculators: 0,
     same: {},
   });
+
+  function phase(name) {
+    live.phases[name] = Math.round(performance.now());
+  }
 
   function noteStyle(el, color) {
     el.style.cssText =
@@ -139,6 +145,7 @@
 
   async function start() {
     const t0 = performance.now();
+    phase("script");
     const stateTag = document.querySelector(`script[type="${STATE_MIME}"]`);
     if (!stateTag) return;
     const models = JSON.parse(stateTag.textContent).state;
@@ -171,11 +178,13 @@
       stdout: (s) => console.log("[python]", s),
       stderr: (s) => console.warn("[python]", s),
     });
+    phase("pyodide+wheels");
     const htmlManager = await requireModule("@jupyter-widgets/html-manager");
     const manager = new htmlManager.HTMLManager({
       loader: (name) => Promise.reject(new Error(`shardlab live: no widget module ${name}`)),
     });
     const liveModule = pyodide.pyimport("shardlab.widgets.live");
+    phase("import");
     const deliver = (commId, data) => liveModule.deliver(commId, data);
     const comms = new Map();
     const opened = [];
@@ -194,11 +203,14 @@
         comms.delete(msg.comm_id);
       }
     });
+    phase("ipywidgets");
     const result = JSON.parse(
       liveModule.rebuild_page(stateTag.textContent, JSON.stringify(views.map((v) => v.id))),
     );
+    phase("rebuild");
     await Promise.all(opened);
     await pageLoaded;
+    phase("page-load");
     for (const { id, tag, note } of views) {
       const liveId = result.views[id];
       if (!liveId) {

@@ -1,0 +1,139 @@
+"""Live calculators without a browser: rebuild from stored state, the comm bridge, the runtime.
+
+``shardlab.widgets.live`` is what the book's pages run under Pyodide; here it runs in
+CPython on the same stored widget state the pages carry (the notebooks' metadata), and
+``tools/build_live.py``'s wheel and lock-file entries are checked offline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+from shardlab.widgets import live  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+STATE_MIME = "application/vnd.jupyter.widget-state+json"
+VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+NOTEBOOKS = sorted(
+    p
+    for p in [*ROOT.glob("book/*.ipynb"), *ROOT.glob("labs/*/lab.ipynb")]
+    if STATE_MIME in json.loads(p.read_text()).get("metadata", {}).get("widgets", {})
+)
+
+
+def stored(nb_path: Path) -> tuple[dict, list[str]]:
+    """(widget state, displayed model ids) of a notebook, as its built page holds them."""
+    nb = json.loads(nb_path.read_text())
+    state = nb["metadata"]["widgets"][STATE_MIME]
+    ids = [
+        out["data"][VIEW_MIME]["model_id"]
+        for cell in nb["cells"]
+        if cell["cell_type"] == "code"
+        for out in cell.get("outputs", [])
+        if VIEW_MIME in out.get("data", {})
+    ]
+    return state, ids
+
+
+@pytest.fixture
+def sent():
+    """Install the bridge with a recorder; messages as dicts."""
+    messages: list[dict] = []
+    live.install_bridge(lambda text: messages.append(json.loads(text)))
+    yield messages
+
+
+def test_titles_name_the_calculators():
+    for title, factory in live.CALCULATORS.items():
+        box = factory()
+        assert box.children[0].value == f"<b>{title}</b>", factory.__name__
+
+
+def test_the_book_has_calculators_to_rebuild():
+    names = {p.relative_to(ROOT).as_posix() for p in NOTEBOOKS}
+    assert {"book/02_memory.ipynb", "book/05_pipeline.ipynb", "book/10_combining.ipynb"} <= names
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_stored_calculator_rebuilds_to_its_stored_output(nb_path, sent):
+    state, ids = stored(nb_path)
+    result = json.loads(live.rebuild_page(json.dumps(state), json.dumps(ids)))
+    calculators = [i for i in ids if live._title(state["state"], i) is not None]
+    assert calculators, f"{nb_path.name} stores widget state but shows no calculator"
+    assert result["errors"] == {}
+    assert set(result["views"]) == set(calculators)
+    # The live calculator starts from exactly what the page showed (same inputs, same HTML).
+    assert result["same"] == {i: True for i in calculators}
+    opened = {m["comm_id"] for m in sent if m["msg_type"] == "comm_open"}
+    assert set(result["views"].values()) <= opened
+
+
+def test_an_edit_from_the_page_reaches_the_calculator_and_comes_back(sent):
+    state, ids = stored(ROOT / "book" / "02_memory.ipynb")
+    result = json.loads(live.rebuild_page(json.dumps(state), json.dumps(ids)))
+    (stored_id,) = result["views"]
+    box = live._live[stored_id]
+    dp = box.controls["dp"]
+    sent.clear()
+    # what the page's widget manager sends when the reader types 4 into "D"
+    live.deliver(dp.model_id, json.dumps({"method": "update", "state": {"value": 4}}))
+    assert dp.value == 4
+    updates = [m for m in sent if m["msg_type"] == "comm_msg"]
+    out = [m for m in updates if m["comm_id"] == box.output.model_id]
+    assert len(out) == 1, "the output HTML is sent back once"
+    html = out[0]["data"]["state"]["value"]
+    assert html == box.output.value
+    assert "D=4" in html and "28,000,000,000" in html  # ZeRO-3: 16 B x 7e9 / 4
+    # echo updates are off: the page is the only front end
+    assert all(m["data"].get("method") != "echo_update" for m in updates)
+
+
+def test_bad_messages_are_refused_with_a_sentence(sent):
+    with pytest.raises(ValueError, match="no widget comm with id 'nope'"):
+        live.deliver("nope", json.dumps({"method": "update", "state": {}}))
+    state, ids = stored(ROOT / "book" / "02_memory.ipynb")
+    models = state["state"]
+    with pytest.raises(ValueError, match="is not a shardlab calculator"):
+        live.rebuild(models, next(iter(models)))
+
+
+def _build_live():
+    spec = importlib.util.spec_from_file_location("build_live", ROOT / "tools" / "build_live.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_shardlab_wheel_and_lock_entry_are_consistent_and_reproducible():
+    bl = _build_live()
+    name, data = bl.shardlab_wheel()
+    assert bl.shardlab_wheel() == (name, data), "the wheel is not reproducible"
+    entry = bl.wheel_entry(name, data)
+    assert entry["sha256"] == hashlib.sha256(data).hexdigest()
+    assert entry["name"] == "shardlab" and entry["imports"] == ["shardlab"]
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        names = set(zf.namelist())
+        record = zf.read(f"shardlab-{entry['version']}.dist-info/RECORD").decode()
+    for module in ("shardlab/accounting/memory.py", "shardlab/widgets/live.py"):
+        assert module in names
+        assert (ROOT / "pkg" / module).read_bytes() == zipfile.ZipFile(io.BytesIO(data)).read(
+            module
+        )
+        assert module in record
+
+
+def test_requirements_pin_every_wheel_with_a_hash():
+    bl = _build_live()
+    reqs = bl.read_requirements()
+    names = {bl.canonical(n) for n, _, _ in reqs}
+    assert {"ipywidgets", "comm", "traitlets", "ipython"} <= names
+    assert all(len(h) == 64 for _, _, h in reqs)
