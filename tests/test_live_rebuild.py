@@ -45,8 +45,16 @@ def stored(nb_path: Path) -> tuple[dict, list[str]]:
 
 
 @pytest.fixture
-def sent():
-    """Install the bridge with a recorder; messages as dicts."""
+def sent(monkeypatch):
+    """Install the bridge with a recorder (messages as dicts); undone after the test, so
+    other tests in this process get ordinary comms again."""
+    import comm
+    import ipywidgets.widgets.widget as widget_module
+
+    monkeypatch.setattr(comm, "create_comm", comm.create_comm)
+    monkeypatch.setattr(widget_module, "JUPYTER_WIDGETS_ECHO", widget_module.JUPYTER_WIDGETS_ECHO)
+    monkeypatch.setattr(live, "_send", None)
+    monkeypatch.setenv("JUPYTER_WIDGETS_ECHO", "1")
     messages: list[dict] = []
     live.install_bridge(lambda text: messages.append(json.loads(text)))
     yield messages

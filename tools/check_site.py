@@ -10,7 +10,10 @@ Fails (exit 1, one line per problem) when
   (``src``/``href`` of ``script``, ``link``, ``img``, ``iframe``, ``source``, ``embed``,
   ``object``) — the book must work with no network, so the widget JavaScript, require.js
   and MathJax are served from ``_static/`` (tools/fetch_widget_js.sh);
-* a local script or stylesheet that a page loads does not exist in the build;
+* a local script or stylesheet that a page loads does not exist in the build, or a
+  stylesheet it loads (or a ``<style>`` block) imports a stylesheet or font from another
+  host (``@import``/``url()`` with ``http(s)://`` or ``//``: e.g. the Google-Fonts
+  stylesheet jupyterlite-sphinx would inject);
 * a page with embedded widget state does not load the local ``require.js`` and
   ``embed-amd.js`` (the widgets would stay blank);
 * a page that uses a folded (``dropdown``) block does not load ``togglebutton.js``, or
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -45,6 +49,7 @@ URL_ATTRS = {
     "object": ("data",),
 }
 WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
+CSS_REMOTE = re.compile(r"""(@import\s+|url\(\s*)['"]?((https?:)?//[^'")\s;]+)""", re.I)
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 LIVE_SCRIPT = "shardlab-live.js"
 LIVE_DIR = Path("_static") / "shardlab-live"
@@ -58,9 +63,21 @@ class _PageParser(HTMLParser):
         self.has_widget_state = False
         self.has_widget_view = False
         self.has_dropdown = False
+        self.in_style = False
+        self.styles: list[str] = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "style":
+            self.in_style = False
+
+    def handle_data(self, data: str) -> None:
+        if self.in_style:
+            self.styles.append(data)
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = {k: (v or "") for k, v in attrs}
+        if tag == "style":
+            self.in_style = True
         if tag == "script" and a.get("type") == WIDGET_STATE_MIME:
             self.has_widget_state = True
         if tag == "script" and a.get("type") == WIDGET_VIEW_MIME:
@@ -105,6 +122,11 @@ def check_page(page: Path, root: Path) -> tuple[list[str], bool]:
             local_scripts.add(target.name)
         if tag in ("script", "link") and not target.exists():
             problems.append(f"{rel}: <{tag}> points to a missing file: {url}")
+        elif tag == "link" and target.suffix == ".css":
+            for m in CSS_REMOTE.finditer(target.read_text(encoding="utf-8", errors="replace")):
+                problems.append(f"{rel}: stylesheet {url} loads a remote resource: {m.group(2)}")
+    for m in CSS_REMOTE.finditer("".join(parser.styles)):
+        problems.append(f"{rel}: a <style> block loads a remote resource: {m.group(2)}")
     if parser.has_widget_state:
         for name in ("require.js", "embed-amd.js"):
             if name not in local_scripts:

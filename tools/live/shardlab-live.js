@@ -21,8 +21,10 @@
   "use strict";
   const STATE_MIME = "application/vnd.jupyter.widget-state+json";
   const VIEW_MIME = "application/vnd.jupyter.widget-view+json";
-  // Measured in headless Chromium on a 2-core machine (see README): page load to live.
-  const EXPECTED = "about 10–20 s on a 2-core laptop, about 20 MB downloaded once";
+  // Page load to live, measured in headless Chromium on a 2-core machine
+  // (tests/test_live_browser.py): about 6 s idle, about 30 s with both cores busy.
+  const EXPECTED =
+    "usually 5–10 s, up to about 30 s on a busy 2-core machine; 17 MB is downloaded the first time";
   const script = document.currentScript;
   const base = new URL(".", script.src).href;
   const pyBase = base + "pyodide/";
