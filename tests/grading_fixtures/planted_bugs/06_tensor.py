@@ -6,10 +6,10 @@ already holds the full gradient: every gradient upstream of a ``g`` comes out ``
 large, and each layer sends two more all-reduces in backward. Under sequence parallelism ``g``
 is not used in the blocks, but the vocabulary-parallel embedding uses it without SP.
 
-Lost (measured with ``pytest -m slow tests/test_grading_reallabs.py -k 06_tensor``): every
-test that compares gradients or trained weights with one process or with DTensor, and the
-bytes test (TP sends 6 all-reduces per layer instead of 4). Kept: saved activations (forward
-only), and the loss's collectives (the loss alone uses no ``g``).
+Lost (16 of 22 points; measured with ``pytest -m slow tests/test_grading_reallabs.py -k
+06_tensor``): every test that compares gradients or trained weights with one process or with
+DTensor, and the bytes test (TP sends 6 all-reduces per layer instead of 4). Kept: saved
+activations (forward only) and the loss's collectives (the loss alone uses no ``g``).
 """
 
 FILE = "tensor.py"
