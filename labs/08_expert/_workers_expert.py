@@ -300,6 +300,71 @@ def check_many(cases: list[tuple], sweep: tuple | None = None) -> dict:
     return out
 
 
+class TorchAllToAll:
+    """PyTorch's own autograd-aware all-to-all, in place of the student's ``AllToAllRows``."""
+
+    @staticmethod
+    def apply(x, in_splits, out_splits, group=None):
+        from torch.distributed import _functional_collectives as funcol
+
+        out = funcol.all_to_all_single_autograd(
+            x, list(out_splits), list(in_splits), group or dist.group.WORLD
+        )
+        return funcol.wait_tensor(out) if hasattr(out, "wait") else out
+
+
+def benchmark(cfg: M.MoEConfig, tokens_per_rank: int, steps: int = 20, warmup: int = 3) -> dict:
+    """Median forward+backward time of three MoE layers on the same tokens, alternating.
+
+    ``mine``: ``moe_forward`` with ``AllToAllRows`` (``dist.all_to_all_single``); ``torch``:
+    the same layer with PyTorch's ``all_to_all_single_autograd`` swapped in; ``single``: the
+    single-process reference on all ``ep * T`` tokens, timed on rank 0 while the others wait.
+    """
+    import statistics
+    import time
+
+    torch.set_num_threads(1)
+    rank, t = dist.get_rank(), tokens_per_rank
+    params = M.init_params(cfg, 0)
+    x_full = global_batch(cfg, t, 0, torch.float32)
+    x = x_full[rank * t : (rank + 1) * t]
+    mine = M.local_experts(params, cfg, rank)
+    own = M.AllToAllRows
+    times = {"mine": [], "torch": []}
+    outs = {}
+    for i in range(warmup + steps):
+        for impl in ("mine", "torch"):
+            M.AllToAllRows = own if impl == "mine" else TorchAllToAll
+            try:
+                dist.barrier()
+                t0 = time.perf_counter()
+                xi = x.clone().requires_grad_()
+                y, aux, _ = M.moe_forward(xi, mine, cfg)
+                (y.sum() + aux).backward()
+                dt = time.perf_counter() - t0
+            finally:
+                M.AllToAllRows = own
+            outs[impl] = (y.detach(), xi.grad)
+            if i >= warmup:
+                times[impl].append(dt)
+    res = {k: statistics.median(v) for k, v in times.items()}
+    res["max_abs_diff"] = max(_err(a, b) for a, b in zip(outs["mine"], outs["torch"]))
+    dist.barrier()
+    if rank == 0:
+        single = []
+        for i in range(warmup + steps):
+            t0 = time.perf_counter()
+            ref_p = {n: p.clone().requires_grad_() for n, p in params.items()}
+            xr = x_full.clone().requires_grad_()
+            y, aux, _, _ = reference_moe(xr, ref_p, cfg)
+            (y.sum() + aux).backward()
+            if i >= warmup:
+                single.append(time.perf_counter() - t0)
+        res["single"] = statistics.median(single)
+    dist.barrier()
+    return res
+
+
 def launch_once(tmp_path_factory, key: str, fn, nprocs: int, *args, **kwargs):
     """``launch(fn, nprocs, *args)`` once per pytest run, shared by every xdist worker.
 

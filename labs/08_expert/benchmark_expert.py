@@ -1,0 +1,67 @@
+"""Benchmark: this lab's expert-parallel MoE layer against PyTorch-native references.
+
+    python benchmark_expert.py [--ranks 2] [--steps 20] [--tokens 1024] [--hidden 256]
+
+Three ways to run the same MoE layer (same weights, routing, capacity and drops) on the
+same tokens, timed as the median forward + backward over ``--steps`` steps
+(``_workers_expert.benchmark``; ours and PyTorch's all-to-all alternate step by step so that
+load from other processes hits both alike):
+
+* ``ours``: ``moe.moe_forward`` with ``AllToAllRows`` (``dist.all_to_all_single`` forward and
+  backward), ``ep = --ranks`` ranks, ``T = --tokens`` tokens each;
+* ``torch a2a``: the same layer with PyTorch's autograd-aware
+  ``torch.distributed._functional_collectives.all_to_all_single_autograd`` in its place;
+* ``1 process``: the single-process MoE of ``_workers_expert.reference_moe`` on all
+  ``ep * T`` tokens (every expert in one process, no communication).
+
+Ratios: ours / torch a2a (about 1.0 expected: both call gloo's all-to-all), and ours /
+1 process (below 1.0 when splitting the experts over ranks pays for the all-to-alls).
+Bytes of ours are measured in the tests and the notebook, not here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    from moe import MoEConfig
+    from shardlab.dist import launch
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--top-k", type=int, default=2)
+    ap.add_argument("--capacity-factor", type=float, default=1.25)
+    a = ap.parse_args(argv)
+    # bad sizes fail here, naming the values, before any rank starts
+    cfg = MoEConfig(hidden=a.hidden, ffn=2 * a.hidden, num_experts=a.experts, top_k=a.top_k,
+                    capacity_factor=a.capacity_factor, ep=a.ranks)  # fmt: skip
+    res = launch("_workers_expert:benchmark", a.ranks, cfg, a.tokens, a.steps, quiet=True,
+                 timeout=600)  # fmt: skip
+    print(f"MoE h={cfg.hidden} f={cfg.ffn} E={cfg.num_experts} k={cfg.top_k} "
+          f"cf={cfg.capacity_factor}, ep={cfg.ep} ranks x T={a.tokens} tokens, fp32, gloo, "
+          f"median of {a.steps} fwd+bwd")  # fmt: skip
+    print(f"{'rank':>4}{'ours ms':>10}{'torch a2a ms':>14}{'ours/torch':>12}"
+          f"{'max |diff|':>12}")  # fmt: skip
+    for r, m in enumerate(res):
+        print(f"{r:>4}{m['mine'] * 1e3:10.1f}{m['torch'] * 1e3:14.1f}"
+              f"{m['mine'] / m['torch']:12.2f}{m['max_abs_diff']:12.1e}")  # fmt: skip
+    slowest = max(m["mine"] for m in res)
+    single = res[0]["single"]
+    print(
+        f"1 process, all {cfg.ep * a.tokens} tokens: {single * 1e3:.1f} ms; "
+        f"ours (slowest rank) / 1 process = {slowest / single:.2f}"
+    )
+    return res
+
+
+if __name__ == "__main__":
+    main()
