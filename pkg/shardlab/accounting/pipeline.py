@@ -33,7 +33,18 @@ the rank is free and its dependencies have finished (+ ``comm`` if on another ra
 F on virtual stage k after F on k-1; B/BI on k after B/BI on k+1 and F on k; BW after BI
 on the same stage. ``costs`` are per microbatch for a whole rank's layers; a chunk action
 costs ``cost / v``. In-flight microbatches of a rank count ``(microbatch, chunk)`` pairs
-between the start of F and the end of B (or BW).
+between the start of F and the end of B (or BW). ``stage_costs`` (one dict per rank)
+replaces ``costs`` rank by rank, for unbalanced stages or costs measured on each rank.
+
+Point-to-point bytes per rank (:func:`p2p_sent_bytes`): rank ``r`` owns virtual stages
+``c p + r``; each sends its ``b s h`` output forward unless it is the last virtual stage and
+its input gradient backward unless it is the first, ``q`` bytes per element, per microbatch.
+Interior ranks send ``comm.pipeline_p2p_volume``; with ``v = 1`` the first and last send half.
+
+Pipeline configuration (:func:`check_pipeline`): the sentence a bad ``(kind, p, m, v,
+n_layer)`` gets before any rank starts; :func:`stage_bounds` cuts ``n_layer`` layers into
+``p v`` contiguous virtual stages; :func:`inflight_bytes` is the peak of saved activations
+of one rank's action list, given the bytes one microbatch leaves on each chunk.
 """
 
 from __future__ import annotations
@@ -212,6 +223,14 @@ def _costs(costs: dict[str, float] | None) -> dict[str, float]:
     return c
 
 
+def _costs_only(costs: dict[str, float] | None, label: str) -> dict[str, float]:
+    out = {}
+    for k, x in (costs or {}).items():
+        chk.choice(f"{label} key", k, ACTION_KINDS)
+        out[k] = chk.nonneg_number(f"{label}[{k!r}]", x)
+    return out
+
+
 def _check_schedule(sched, p: int) -> int:
     if not isinstance(sched, (list, tuple)):
         raise ValueError(f"schedule={sched!r} must be a list with one action list per stage")
@@ -238,11 +257,27 @@ def _check_schedule(sched, p: int) -> int:
 
 
 def simulate(
-    sched: list[list[Action]], p: int, costs: dict[str, float] | None = None, comm: float = 0.0
+    sched: list[list[Action]],
+    p: int,
+    costs: dict[str, float] | None = None,
+    comm: float = 0.0,
+    stage_costs: list[dict[str, float]] | None = None,
 ) -> SimResult:
-    """Run ``sched`` event by event; see the module docstring for the dependency rules."""
+    """Run ``sched`` event by event; see the module docstring for the dependency rules.
+
+    ``stage_costs``: one cost dict per rank (missing keys fall back to ``costs``, then the
+    defaults), e.g. the per-action times measured on each rank of a real run.
+    """
     p = chk.positive_int("p", p)
     c = _costs(costs)
+    if stage_costs is None:
+        per_rank = [c] * p
+    elif not isinstance(stage_costs, (list, tuple)) or len(stage_costs) != p:
+        raise ValueError(f"stage_costs={stage_costs!r} needs one cost dict per stage, p={p}")
+    else:
+        per_rank = [
+            {**c, **_costs_only(sc, f"stage_costs[{r}]")} for r, sc in enumerate(stage_costs)
+        ]
     delay = chk.nonneg_number("comm", comm)
     nchunks = _check_schedule(sched, p)
     last = p * nchunks - 1
@@ -278,7 +313,7 @@ def simulate(
                 if t is None:
                     break
                 start = max(free[r], t)
-                end = start + c[a.kind] / nchunks
+                end = start + per_rank[r][a.kind] / nchunks
                 free[r] = end
                 timeline[r].append((start, end, a))
                 k = a.chunk * p + r
@@ -307,3 +342,68 @@ def simulate(
         peaks.append(peak)
     frac = sum(idle) / (p * makespan) if makespan else 0.0
     return SimResult(makespan, idle, busy, frac, tuple(peaks), tuple(tuple(tl) for tl in timeline))
+
+
+def p2p_sent_bytes(
+    rank: int, p: int, b: int, s: int, h: int, q: float = 2, m: int = 1, v: int = 1
+) -> float:
+    """Bytes rank ``rank`` of ``p`` sends per step: one ``q b s h`` message forward per
+    microbatch and virtual stage that is not the last, one backward per virtual stage that is
+    not the first. Interior ranks send ``comm.pipeline_p2p_volume(b, s, h, q, m, v)``."""
+    from .comm import pipeline_p2p_volume
+
+    p, m, vv = _pmv(p, m, v)
+    r = chk.nonneg_int("rank", rank)
+    if r >= p:
+        raise ValueError(f"rank={r} must be below p={p}")
+    if p == 1:
+        return 0.0
+    per_message = pipeline_p2p_volume(b, s, h, q, microbatches=m) / (2 * m)  # q b s h
+    # rank 0 owns virtual stage 0 (nothing to send backward), rank p-1 the last one
+    edges = (r == 0) + (r == p - 1)
+    return pipeline_p2p_volume(b, s, h, q, microbatches=m, chunks=vv) - edges * m * per_message
+
+
+def stage_bounds(n_layer: int, p: int, v: int = 1) -> list[tuple[int, int]]:
+    """``[lo, hi)`` layer ranges of the ``p v`` contiguous, equal virtual stages."""
+    n = chk.positive_int("n_layer", n_layer)
+    p, _, vv = _pmv(p, 1, v)
+    k = p * vv
+    if k > n:
+        raise ValueError(
+            f"p*v = {p}*{vv} = {k} virtual stages need at least {k} layers, got n_layer={n}"
+        )
+    if n % k:
+        raise ValueError(f"n_layer={n} layers do not divide into p*v = {p}*{vv} = {k} equal stages")
+    size = n // k
+    return [(i * size, (i + 1) * size) for i in range(k)]
+
+
+def check_pipeline(kind: str, p: int, m: int, v: int = 1, n_layer: int | None = None) -> None:
+    """Raise a ``ValueError`` naming the values when ``(kind, p, m, v, n_layer)`` cannot run:
+    unknown kind, ``v > 1`` outside interleaved, ``m % p`` for interleaved, more virtual
+    stages than layers or layers that do not divide into them."""
+    schedule(kind, p, m, v)  # validates kind, p, m, v and m % p for interleaved
+    if n_layer is not None:
+        stage_bounds(n_layer, p, v)
+
+
+def inflight_bytes(actions: list[Action], chunk_bytes: list[float]) -> float:
+    """Peak saved-activation bytes of one rank running ``actions``: a ``(microbatch, chunk)``
+    holds ``chunk_bytes[chunk]`` from the start of its F to the end of its B (or BW, when
+    the list splits the backward). For ``v = 1`` this is ``chunk_bytes[0]`` times
+    ``simulate(...).peak_inflight`` of the rank."""
+    sizes = [chk.nonneg_number(f"chunk_bytes[{i}]", x) for i, x in enumerate(chunk_bytes)]
+    split = {(a.microbatch, a.chunk) for a in actions if a.kind == "BW"}
+    now = peak = 0.0
+    for a in actions:
+        if not isinstance(a, Action):
+            raise ValueError(f"actions holds {a!r}, not an Action")
+        if a.chunk >= len(sizes):
+            raise ValueError(f"{a} runs chunk {a.chunk} but chunk_bytes has {len(sizes)} entries")
+        if a.kind == "F":
+            now += sizes[a.chunk]
+            peak = max(peak, now)
+        elif a.kind == "BW" or (a.kind in ("B", "BI") and (a.microbatch, a.chunk) not in split):
+            now -= sizes[a.chunk]
+    return peak

@@ -1,0 +1,291 @@
+"""Rank functions and analysis of the pipeline lab (imported by the ranks, tests, notebook).
+
+* :func:`check_all`: train 3 AdamW steps with every schedule on the launched ranks; return
+  losses, weights and gradients (by the full model's parameter names), the bytes each rank
+  sent in one step (``CommTrace``) and its saved-activation peak (``MemoryTrace``);
+* :func:`reference`: the same 3 steps in one process, the same microbatches accumulated in
+  order, and the ordinary full-batch run;
+* :func:`timed`: per-action start/end times of a step on every rank; :func:`analyse` turns
+  them into the measured makespan, idle fraction and per-action costs, and feeds the costs to
+  ``accounting.pipeline.simulate``;
+* :func:`faulty`: a rank raising in the middle of a schedule.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from pipeline import PipeConfig, PipelineExecutor, split_stages
+from shardlab.accounting import pipeline as acc
+from shardlab.models import GPT, GPTConfig, lm_loss, step_batch
+
+# n_layer 8: 8 virtual stages for p=4, v=2. "timing": one block costs ~10 ms per microbatch
+# forward on one core, 1000x the loopback latency of its 64 KiB boundary tensor.
+SIZES = {
+    "test": dict(vocab_size=16, seq_len=8, n_layer=8, n_head=2, d_model=8),
+    "timing": dict(vocab_size=32, seq_len=64, n_layer=8, n_head=4, d_model=128),
+    "bench": dict(vocab_size=32, seq_len=64, n_layer=4, n_head=4, d_model=128),
+}
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)]
+LR, WD, STEPS = 1e-2, 0.1, 3
+# CPU kernels split their reductions over intra-op threads: the same thread count on the
+# ranks and in the single-process reference, or the last bits differ
+THREADS = 1
+
+
+def config(size: str = "test") -> GPTConfig:
+    return GPTConfig(**SIZES[size])
+
+
+def microbatches(cfg: GPTConfig, step: int, n: int, m: int):
+    """The ``m`` microbatches of step ``step`` as separate storages (a microbatch's tokens are
+    then counted once per microbatch by MemoryTrace, not as one shared global buffer)."""
+    idx, tgt = step_batch(cfg, step, n)
+    return [t.clone() for t in idx.chunk(m)], [t.clone() for t in tgt.chunk(m)]
+
+
+def build(cfg, kind, p, m, v, layers=None, seed=0):
+    """This rank's chunks, its parameters by full-model name, and the executor."""
+    model = GPT(cfg, seed=seed)
+    stages = split_stages(model, p, v, layers)
+    group = dist.group.WORLD
+    mine = stages[dist.get_rank() :: p]  # virtual stages r, r + p, ...
+    ids = {id(q) for ch in mine for q in ch.parameters()}
+    named = {n: q for n, q in model.named_parameters() if id(q) in ids}
+    return mine, named, PipelineExecutor(mine, PipeConfig(kind, p, m, v), group)
+
+
+def _broadcast_loss(loss, p):
+    t = torch.zeros(()) if loss is None else loss.detach().clone()
+    dist.broadcast(t, src=p - 1)  # the last virtual stage lives on rank p - 1
+    return t
+
+
+def _memory_trace():
+    """``MemoryTrace`` whose saved-tensor hook hands autograd a detached alias.
+
+    ``MemoryTrace``'s hook returns the saved tensor itself. For a tensor an operation saves
+    from its *own output* (softmax, attention, log-softmax) that makes a cycle through C++
+    (node -> tensor -> grad_fn -> node) which Python's collector cannot see; ``backward``
+    without ``retain_graph`` breaks it by releasing the node's buffers, but the zero-bubble
+    split must retain the graph from BI to BW, so under the plain trace those tensors would
+    never be freed (seen: 85 % of a microbatch's activations stayed after BW). Without the
+    trace they are freed; the detached alias (same storage, counted the same) keeps that.
+    """
+    from shardlab.dist import MemoryTrace
+
+    class _Trace(MemoryTrace):
+        def _pack(self, t):
+            super()._pack(t)
+            return t.detach()
+
+    return _Trace()
+
+
+def train(cfg, kind, p, m, v, n, steps=STEPS, trace=False, layers=None):
+    from shardlab.dist import CommTrace
+
+    mine, named, ex = build(cfg, kind, p, m, v, layers=layers)
+    opt = torch.optim.AdamW(list(named.values()), lr=LR, weight_decay=WD)
+    out = {"losses": [], "sent": None, "act_peak": None}
+    out["bounds"] = [(ch.lo, ch.hi) for ch in mine]
+    if trace:  # bytes one microbatch leaves saved on each chunk (forward only, then dropped)
+        out["chunk_bytes"] = []
+        xs, ys = microbatches(cfg, 0, n, m)
+        for c, ch in enumerate(mine):
+            k = c * p + dist.get_rank()
+            inp = xs[0] if k == 0 else torch.zeros(ex_shape(cfg, n, m)).requires_grad_()
+            with _memory_trace() as mt:
+                mt.watch(list(named.values()))  # weights saved by matmuls are not activations
+                y = ch(inp)
+                if k == p * v - 1:
+                    y = lm_loss_from_logits(y, ys[0], m)
+                out["chunk_bytes"].append(mt.live_bytes("activations"))
+            del y
+    for step in range(steps):
+        xs, ys = microbatches(cfg, step, n, m)
+        opt.zero_grad(set_to_none=True)
+        if trace and step == 0:
+            with CommTrace() as tr:
+                loss = ex.step(xs, ys)
+            out["sent"] = tr.sent_bytes()
+            out["sends"] = sum(r.op == "send" for r in tr.records)
+        elif trace and step == 1:
+            with _memory_trace() as mt:
+                mt.watch(list(named.values()))
+                loss = ex.step(xs, ys)
+            out["act_peak"] = max(mt.timeline().bytes["activations"])
+        else:
+            loss = ex.step(xs, ys)
+        out["losses"].append(_broadcast_loss(loss, p))
+        out["order"] = [str(a) for _, _, a in ex.events]  # what really ran, in order
+        if step == steps - 1:
+            out["grads"] = {k: q.grad.clone() for k, q in named.items()}
+        opt.step()
+    out["weights"] = {k: q.detach().clone() for k, q in named.items()}
+    return out
+
+
+def ex_shape(cfg, n, m):
+    return (n // m, cfg.seq_len, cfg.d_model)  # (b, s, h) boundary tensor of one microbatch
+
+
+def lm_loss_from_logits(logits, y, m):
+    from pipeline import microbatch_loss
+
+    return microbatch_loss(logits, y, m)
+
+
+def check_all(size="test", m=4, n=8, schedules=SCHEDULES, trace=True, layers=None):
+    """Every schedule on the launched ranks; every rank returns its own report."""
+    torch.set_num_threads(THREADS)
+    cfg, p = config(size), dist.get_world_size()
+    return {
+        (kind, v): train(cfg, kind, p, m, v, n, trace=trace, layers=layers) for kind, v in schedules
+    }
+
+
+def launch_checks(p: int, m: int = 4, schedules=SCHEDULES, size="test", **kw):
+    """Validate every ``(kind, p, m, v, n_layer)`` (a ``ValueError`` naming the values, before
+    any rank starts), then run :func:`check_all` on ``p`` ranks."""
+    from shardlab.dist import launch
+
+    for kind, v in schedules:
+        acc.check_pipeline(kind, p, m, v, None if kw.get("layers") else config(size).n_layer)
+    return launch("_workers_pipeline:check_all", p, size, m, 2 * m, schedules, quiet=True, **kw)
+
+
+def reference(size="test", m=4, n=8, steps=STEPS, full_batch=False):
+    """One process: the same AdamW steps, the ``m`` microbatches accumulated in order (or the
+    whole batch at once with ``full_batch``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        return _reference(size, m, n, steps, full_batch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _reference(size, m, n, steps, full_batch):
+    cfg = config(size)
+    model = GPT(cfg, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD)
+    losses = []
+    for step in range(steps):
+        xs, ys = microbatches(cfg, step, n, m)
+        opt.zero_grad(set_to_none=True)
+        if full_batch:
+            total = lm_loss(model, torch.cat(xs), torch.cat(ys))
+            total.backward()
+        else:
+            total = None
+            for x, y in zip(xs, ys):
+                li = lm_loss(model, x, y) / m  # the mean over the global batch, in pieces
+                li.backward()
+                total = li.detach() if total is None else total + li.detach()
+        losses.append(total.detach())
+        if step == steps - 1:
+            grads = {k: q.grad.clone() for k, q in model.named_parameters()}
+        opt.step()
+    return {"losses": losses, "grads": grads, "weights": dict(model.state_dict())}
+
+
+def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance in units in the last place between two fp32 tensors (0: bitwise)."""
+
+    def ordered(t):
+        i = t.detach().float().contiguous().view(torch.int32).long()
+        return torch.where(i < 0, -(i & 0x7FFFFFFF), i)  # monotone in the float's value
+
+    return int((ordered(a) - ordered(b)).abs().max()) if a.numel() else 0
+
+
+def compare(reports: list[dict], ref: dict) -> dict:
+    """Largest ulp distance of losses, last-step gradients and final weights over all ranks."""
+    out = {"loss": 0, "grads": 0, "weights": 0, "params": 0, "max_abs": 0.0}
+    for rep in reports:
+        out["loss"] = max(out["loss"], *(ulps(a, b) for a, b in zip(rep["losses"], ref["losses"])))
+        for what in ("grads", "weights"):
+            for k, t in rep[what].items():
+                out[what] = max(out[what], ulps(t, ref[what][k]))
+                if what == "weights":
+                    diff = (t - ref[what][k]).abs().max().item()
+                    out["max_abs"] = max(out["max_abs"], diff)
+        out["params"] += len(rep["weights"])
+    out["params_total"] = len(ref["weights"])
+    return out
+
+
+# ------------------------------------------------------------------ timing
+def timed(kind, m, v, size="timing", n=None, steps=3, layers=None):
+    """Run ``steps`` + 1 steps (the first warms up); return this rank's events of every
+    measured step relative to the step's common start (a barrier)."""
+    torch.set_num_threads(THREADS)  # one core per rank: a busy rank never waits for a thread
+    cfg, p = config(size), dist.get_world_size()
+    n = n or 8 * m
+    mine, named, ex = build(cfg, kind, p, m, v, layers=layers)
+    runs = []
+    for step in range(steps + 1):
+        xs, ys = microbatches(cfg, step, n, m)
+        for q in named.values():
+            q.grad = None
+        dist.barrier()
+        t0 = torch.tensor([time.perf_counter()], dtype=torch.float64)
+        dist.all_reduce(t0, op=dist.ReduceOp.MIN)  # one clock (CLOCK_MONOTONIC) per machine
+        ex.step(xs, ys)
+        if step:
+            runs.append([(s - t0.item(), e - t0.item(), a) for s, e, a in ex.events])
+    return runs
+
+
+def analyse(runs_per_rank, kind, m, v, comm=0.0):
+    """Measured and simulated numbers of the step whose measured makespan is the median.
+
+    ``runs_per_rank[r][i]``: events of step ``i`` on rank ``r``. Per-action costs fed to the
+    simulator are each rank's means of that step (so simulated and measured busy time agree), times ``v`` (the simulator's costs are
+    per whole rank; a chunk action costs ``cost / v``).
+    """
+    p = len(runs_per_rank)
+    spans = [
+        max(e for rk in runs_per_rank for s, e, a in rk[i]) for i in range(len(runs_per_rank[0]))
+    ]
+    i = sorted(range(len(spans)), key=spans.__getitem__)[len(spans) // 2]
+    events = [rk[i] for rk in runs_per_rank]
+    makespan = spans[i]
+    busy = [sum(e - s for s, e, _ in ev) for ev in events]
+    costs = [
+        {
+            k: statistics.fmean([e - s for s, e, a in ev if a.kind == k]) * v
+            for k in acc.ACTION_KINDS
+            if any(a.kind == k for _, _, a in ev)
+        }
+        for ev in events
+    ]
+    sim = acc.simulate(acc.schedule(kind, p, m, v), p, comm=comm, stage_costs=costs)
+    return {
+        "kind": kind,
+        "v": v,
+        "events": events,
+        "makespan": makespan,
+        "idle": sum(makespan - b for b in busy) / (p * makespan),
+        "idle_per_rank": [(makespan - b) / makespan for b in busy],
+        "sim": sim,
+        "sim_makespan": sim.makespan,
+        "sim_idle": sim.bubble_fraction,
+        "closed_idle": acc.idle_fraction(p, m, v),
+        "costs": costs,
+    }
+
+
+def faulty(kind="1f1b", m=4, fail_rank=1, fail_at="F2"):
+    """Raise inside action ``fail_at`` on ``fail_rank``; the other ranks block on a receive."""
+    cfg, p = config("test"), dist.get_world_size()
+    mine, named, ex = build(cfg, kind, p, m, 1)
+    if dist.get_rank() == fail_rank:
+        ex.stop_after = fail_at
+    xs, ys = microbatches(cfg, 0, 8, m)
+    ex.step(xs, ys)
+    return "finished"
