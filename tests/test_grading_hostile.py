@@ -10,14 +10,11 @@ import psutil
 import pytest
 from grading_fixtures.helpers import FIXTURE_LABS, FIXTURES, load_py, rows_by_test, write_tree
 from shardlab.grading import Limits, grade
-from shardlab.grading._bwrap import find_bwrap
 from shardlab.grading.release import strip_solutions
 
 hostile = load_py(FIXTURES / "hostile.py")
 LAB = "01_toy"
 FULL = 9  # rubric total without the GPU test
-
-pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap (bwrap) not installed")
 
 
 def _tagged():

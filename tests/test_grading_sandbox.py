@@ -30,7 +30,6 @@ from grading_fixtures.helpers import (
     write_tree,
 )
 from shardlab.grading import Limits, grade
-from shardlab.grading._bwrap import find_bwrap
 from shardlab.grading.release import strip_solutions
 
 hostile = load_py(FIXTURES / "hostile.py")
@@ -39,8 +38,6 @@ FULL = 9  # rubric total without the GPU test
 SITE = sysconfig.get_paths()["purelib"]
 PLANTED_PTH = os.path.join(SITE, "zz_shardlab_hostile.pth")
 LIMITS = Limits(timeout=120, file_size_mb=16, max_procs=16, tmp_mb=64)
-
-pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap (bwrap) not installed")
 
 
 def _build(folder):

@@ -351,3 +351,18 @@ def attacks(reference: str, stub: str, paths: dict) -> dict[str, dict[str, str]]
         "deep_tree": {"gradetoy.py": reference + fill(DEEP_TREE)},
         "deep_expr": {"gradetoy.py": reference + "\nX = " + "+".join(["1"] * 200_000) + "\n"},
     }
+
+TAMPER_FIFO = """
+import os as _os
+
+_hidden = _os.path.join(_os.path.dirname(__file__), "test_gradetoy_hidden.py")
+_os.unlink(_hidden)
+_os.mkfifo(_hidden)  # the old grader blocked forever hashing this
+"""
+
+PLAIN_CHILD_HANG = f"""
+import subprocess as _sp
+import sys as _sys
+
+_sp.Popen([_sys.executable, "-c", "import time; time.sleep(1000)  # {TAG} plain"])
+"""

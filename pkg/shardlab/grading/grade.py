@@ -241,7 +241,7 @@ def grade_lab(
             package=package,
         )
         tampered = [
-            f"{name} ({'deleted' if now is None else 'changed'})"
+            f"{name} ({'deleted or not a regular file' if now is None else 'changed'})"
             for name, digest in digests.items()
             if (now := _digest_in(work, name)) != digest
         ]
