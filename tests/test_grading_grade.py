@@ -10,7 +10,14 @@ import xml.etree.ElementTree as ET
 import zipfile
 
 import pytest
-from grading_fixtures.helpers import FIXTURE_LABS, FIXTURES, load_py, rows_by_test, write_tree
+from grading_fixtures.helpers import (
+    FIXTURE_LABS,
+    FIXTURES,
+    load_py,
+    rows_by_test,
+    shared_result,
+    write_tree,
+)
 from shardlab.grading import Limits, grade, load_rubric
 from shardlab.grading.release import strip_solutions
 from shardlab.grading.rubric import RubricError
@@ -29,9 +36,8 @@ def _submissions(root, lab: str, module: str):
     return bug
 
 
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    root = tmp_path_factory.mktemp("subs")
+def _grade_toy(folder):
+    root = folder / "subs"
     bug = _submissions(root, "01_toy", "gradetoy.py")
     ref = (FIXTURE_LABS / "01_toy" / "gradetoy.py").read_text()
     # zipped submissions: one nested in a folder (fine), one with '..' (rejected)
@@ -40,8 +46,17 @@ def toy(tmp_path_factory):
     with zipfile.ZipFile(root / "evil.zip", "w") as zf:
         zf.writestr("../../escape.py", "print('x')")
         zf.writestr("gradetoy.py", ref)
-    out = tmp_path_factory.mktemp("out")
+    out = folder / "out"
     results = grade(FIXTURE_LABS, root, out, labs=["01_toy"], workers=2, limits=LIMITS, cuda=False)
+    return results, out, bug.LOST
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    # computed once per session even under pytest-xdist (several tests read it)
+    results, out, lost = shared_result(tmp_path_factory, "grading-toy", _grade_toy)
+    bug = load_py(FIXTURES / "planted_bugs" / "01_toy.py")
+    assert bug.LOST == lost
     return results, out, bug
 
 

@@ -8,7 +8,14 @@ import time
 
 import psutil
 import pytest
-from grading_fixtures.helpers import FIXTURE_LABS, FIXTURES, load_py, rows_by_test, write_tree
+from grading_fixtures.helpers import (
+    FIXTURE_LABS,
+    FIXTURES,
+    load_py,
+    rows_by_test,
+    shared_result,
+    write_tree,
+)
 from shardlab.grading import Limits, grade
 from shardlab.grading.release import strip_solutions
 
@@ -36,15 +43,20 @@ def _build(root, names=None):
             write_tree(root / name, files)
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hostile")
+def _grade_all(folder):
+    root = folder / "subs"
     _build(root)
-    out = tmp_path_factory.mktemp("out")
+    out = folder / "out"
     limits = Limits(timeout=120, file_size_mb=16, max_procs=16)
     start = time.monotonic()
     results = grade(FIXTURE_LABS, root, out, labs=[LAB], workers=2, limits=limits, cuda=False)
     return results, out, time.monotonic() - start
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    # computed once per session even under pytest-xdist (every test here reads it)
+    return shared_result(tmp_path_factory, "grading-hostile", _grade_all)
 
 
 def _get(graded, student):

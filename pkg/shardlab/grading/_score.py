@@ -6,6 +6,7 @@ lab that could not run (:func:`_zero`).
 
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from .rubric import Rubric
 from .sandbox import Limits, RunResult
 
 MESSAGE_CHARS = 400
+_SAFE_CASE = re.compile(r"[\w.+\-=,]{0,40}")
 _NEEDS_GPU = "needs GPU: not graded without CUDA; excluded from the maximum"
 
 
@@ -135,6 +137,10 @@ def score(
         else:
             first = bad[0]
             label = f"[{first.case}] " if first.case else ""
+            # a parametrization id normally comes from the test file; one that does not look
+            # like one (read from a forged report) is not shown to the student
+            fb_label = label if _SAFE_CASE.fullmatch(first.case or "") else "[a case] "
+            fb_label = fb_label if first.case else ""
             if len(passed):
                 status = "partial"
             elif all(c.outcome == "skipped" for c in bad):
@@ -151,7 +157,7 @@ def score(
                 shown = _first_line(first.message)
             else:
                 shown = safe_message(first.message, allowed)
-            feedback = f"{counts}{label}{shown or first.outcome}"
+            feedback = f"{counts}{fb_label}{shown or first.outcome}"
             if "File too large" in first.message:
                 extra = f" (output or a file exceeded the {file_mb:g} MB limit: flooding stdout?)"
                 message += extra

@@ -285,8 +285,9 @@ def _result(student, rubric, run, tampered, limits, cuda, allowed) -> LabResult:
     running = None
     if parsed is None:
         parsed, running, collecting = parse_progress(run.progress, rubric)
-        if died and running is None and collecting:
-            died += f" while collecting {Path(collecting).name}"
+        name = Path(collecting).name if collecting else ""
+        if died and running is None and name in sandbox_files(rubric):  # a known file only
+            died += f" while collecting {name}"
     if died:
         notes.insert(0, died)
     rows = score(
