@@ -2,9 +2,10 @@
 
 * :func:`release` (``shardlab release``) — student copy of every lab: solutions replaced by
   ``NotImplementedError`` stubs, hidden tests and rubric removed, student-output cells cleared.
-* :func:`grade` (``shardlab grade``) — run public + hidden tests on every submission in a
-  limited, killable sandbox and write grades.csv, summary.csv, junit.xml and Gradescope
-  results.json.
+* :func:`grade` (``shardlab grade``) — run public + hidden tests on every submission inside
+  a bubblewrap sandbox (read-only system, private tmpfs, no network, own PID namespace; see
+  :mod:`.sandbox` and :mod:`._bwrap`) and write grades.csv, summary.csv, junit.xml and
+  Gradescope results.json.
 * :func:`load_rubric` — read and validate ``labs/NN_topic/rubric.toml``.
 
 Importing this package imports neither torch nor pytest (the sandbox runs them).
