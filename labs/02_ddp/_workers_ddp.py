@@ -152,6 +152,9 @@ def measure(kind: str = "plain", bucket_size_mb: float | None = 0.001, microbatc
         ddp.finish_gradient_synchronization()
         opt.step()
     out["step_sent"] = tr.sent_bytes()
+    out["step_wire"] = tr.wire_bytes()  # measured on the sockets; None where not measurable
+    out["step_backend"] = tr.backend_bytes()  # gloo's own algorithm (accounting.wire)
+    out["step_calls"] = tr.count()
     out["step_ops"] = sorted({r.op for r in tr.records})
     out["state"] = model_state_bytes(model, opt)  # after step, before zero_grad: all alive
     chunks = split_microbatches(xy, microbatches)
@@ -169,6 +172,8 @@ def measure(kind: str = "plain", bucket_size_mb: float | None = 0.001, microbatc
                         (lm_loss(ddp, *c) / len(chunks)).backward()
             opt.step()
         out[f"accum_sent_sync={sync}"] = tr.sent_bytes()
+        out[f"accum_wire_sync={sync}"] = tr.wire_bytes()
+        out[f"accum_backend_sync={sync}"] = tr.backend_bytes()
     return out
 
 

@@ -186,6 +186,9 @@ def measure(kind: str = "plain", bucket_size_mb: float = 0.001, microbatches: in
         "padded_numel": o.padded_numel,
         "loads": o.loads,
         "step_sent": tr.sent_bytes(),
+        "step_wire": tr.wire_bytes(),  # measured on the sockets; None where not measurable
+        "step_backend": tr.backend_bytes(),  # gloo's own algorithm (accounting.wire)
+        "step_calls": tr.count(),
         "step_ops": sorted({r.op for r in tr.records}),
         "state": {
             "weights": _bytes(params),
@@ -199,6 +202,8 @@ def measure(kind: str = "plain", bucket_size_mb: float = 0.001, microbatches: in
             (lm_loss(model, *c) / len(chunks)).backward()
         o.step()
     out["zero1"]["accum_sent_sync=False"] = tr.sent_bytes()
+    out["zero1"]["accum_wire_sync=False"] = tr.wire_bytes()
+    out["zero1"]["accum_backend_sync=False"] = tr.backend_bytes()
 
     # ZeRO-2
     model = tiny_gpt(kind)
@@ -214,6 +219,9 @@ def measure(kind: str = "plain", bucket_size_mb: float = 0.001, microbatches: in
         "padded_numel": z.padded_numel,
         "n_buckets": len(z.buckets),
         "step_sent": tr.sent_bytes(),
+        "step_wire": tr.wire_bytes(),  # measured on the sockets; None where not measurable
+        "step_backend": tr.backend_bytes(),  # gloo's own algorithm (accounting.wire)
+        "step_calls": tr.count(),
         "step_ops": sorted({r.op for r in tr.records}),
         "full_grads_after_backward": full_grads_after_backward,
         "state": {
@@ -235,6 +243,8 @@ def measure(kind: str = "plain", bucket_size_mb: float = 0.001, microbatches: in
                     z.finish_gradient_synchronization()
             z.step()
         out["zero2"][f"accum_sent_sync={sync}"] = tr.sent_bytes()
+        out["zero2"][f"accum_wire_sync={sync}"] = tr.wire_bytes()
+        out["zero2"][f"accum_backend_sync={sync}"] = tr.backend_bytes()
     return out
 
 

@@ -192,6 +192,9 @@ def _row(label, tr, n_pad, pred) -> dict:
         "measured_bytes": sent,
         "predicted_bytes": pred,
         "ratio": sent / pred,
+        # measured on the sockets (None where not measurable) and gloo's own algorithm
+        "wire_bytes": tr.wire_bytes(),
+        "gloo_bytes": tr.backend_bytes(),
     }
 
 

@@ -116,3 +116,30 @@ def format_wire_table(rows: list[dict], backend: str = "backend") -> str:
             ]
         )
     return _render(head, body, left=2)
+
+
+def sent_table(rows: list[dict], backend: str = "gloo", label: str = "run") -> str:
+    """Bytes sent per rank: formula, ring model, backend algorithm and wire, with ratios.
+
+    ``rows``: dicts with ``label``, ``formula`` (``accounting`` prediction), ``ring``
+    (``CommTrace.sent_bytes``), ``backend`` (``CommTrace.backend_bytes``) and ``wire``
+    (``CommTrace.wire_bytes``; None prints "not measurable").
+    """
+    head = [label, "formula B", "ring model B", f"{backend} algo B", "wire B"]
+    head += ["ring/formula", "wire/formula", f"wire/{backend}"]
+    body = []
+    for r in rows:
+        w = r.get("wire")
+        body.append(
+            [
+                str(r["label"]),
+                _fmt_bytes(r.get("formula")),
+                _fmt_bytes(r.get("ring")),
+                _fmt_bytes(r.get("backend")),
+                "not measurable" if w is None else _fmt_bytes(w),
+                _ratio(r.get("ring"), r.get("formula")),
+                _ratio(w, r.get("formula")),
+                _ratio(w, r.get("backend")),
+            ]
+        )
+    return _render(head, body, left=1)

@@ -104,11 +104,11 @@ import weakref
 
 from shardlab.dist import _phase
 from shardlab.dist._comm_ops import _C10D, _FUNCOL, CommRecord, _build_record, _flat
-from shardlab.dist._comm_table import format_table, format_wire_table, wire_rows
+from shardlab.dist._comm_table import format_table, format_wire_table, sent_table, wire_rows
 from shardlab.dist._phase import PhaseLabels, phase
 from shardlab.dist.wire import WireMeter, not_measurable_reason
 
-__all__ = ["CommTrace", "CommRecord", "phase", "OVERHEAD"]
+__all__ = ["CommTrace", "CommRecord", "phase", "OVERHEAD", "sent_table", "format_table"]
 
 # Filled from a measurement on the development machine (2 shared cores, 2 gloo ranks, tiny GPT
 # step with DDP): time(with trace) / time(without). See shardlab.dist.trace_memory.OVERHEAD.

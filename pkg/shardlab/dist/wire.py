@@ -41,6 +41,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import stat
 import struct
 import sys
 import termios
@@ -69,16 +70,41 @@ def _socket_inodes() -> dict[int, int]:
         return out
     for name in fds:
         try:
-            link = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:  # closed since listdir
+            st = os.fstat(int(name))  # cheaper than readlink on /proc
+        except OSError:  # closed since listdir (or the listing's own descriptor)
             continue
-        if link.startswith("socket:["):
-            out[int(name)] = int(link[8:-1])
+        if stat.S_ISSOCK(st.st_mode):
+            out[int(name)] = st.st_ino
     return out
 
 
-def _written(fd: int) -> int | None:
-    """Bytes written to TCP socket ``fd`` so far (None if it is not a TCP socket)."""
+def _libc_getsockopt():
+    """libc's ``getsockopt`` on a raw descriptor (Python's needs a socket object), or None."""
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.getsockopt
+        fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        buf = ctypes.create_string_buffer(_TCP_INFO_LEN)
+        size = ctypes.c_uint32()
+
+        def tcp_info(fd: int) -> bytes | None:
+            size.value = _TCP_INFO_LEN
+            if fn(fd, socket.IPPROTO_TCP, socket.TCP_INFO, buf, ctypes.byref(size)) != 0:
+                return None  # not a TCP socket (or closed meanwhile)
+            return buf.raw[: size.value]
+
+        return tcp_info
+    except (OSError, AttributeError):
+        return None
+
+
+_TCP_INFO = _libc_getsockopt() if sys.platform.startswith("linux") else None
+
+
+def _tcp_info_via_socket(fd: int) -> bytes | None:
     try:
         s = socket.socket(fileno=os.dup(fd))
     except OSError:
@@ -86,19 +112,24 @@ def _written(fd: int) -> int | None:
     try:
         if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
             return None
-        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
-        if len(info) < _BYTES_ACKED_OFFSET + 8:
-            return None
-        (acked,) = struct.unpack_from("Q", info, _BYTES_ACKED_OFFSET)
-        try:
-            (queued,) = struct.unpack("i", fcntl.ioctl(s.fileno(), _SIOCOUTQ, b"\0" * 4))
-        except OSError:  # listening socket
-            queued = 0
-        return int(acked) + int(queued)
+        return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
     except OSError:
         return None
     finally:
         s.close()  # closes our duplicate only; the backend's descriptor stays open
+
+
+def _written(fd: int) -> int | None:
+    """Bytes written to TCP socket ``fd`` so far (None if it is not a TCP socket)."""
+    info = _TCP_INFO(fd) if _TCP_INFO is not None else _tcp_info_via_socket(fd)
+    if info is None or len(info) < _BYTES_ACKED_OFFSET + 8:
+        return None
+    (acked,) = struct.unpack_from("Q", info, _BYTES_ACKED_OFFSET)
+    try:
+        (queued,) = struct.unpack("i", fcntl.ioctl(fd, _SIOCOUTQ, b"\0" * 4))
+    except OSError:  # listening socket
+        queued = 0
+    return int(acked) + int(queued)
 
 
 def snapshot() -> dict[int, int] | None:
