@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ._fs import TreeError, read_regular
 from .release import find_blocks
+from .rubric import Rubric, sandbox_files
 
 WITHHELD = "message not shown: it did not come from the tests"
 _NUMBER = (
@@ -126,3 +127,10 @@ def safe_message(message: str, allowed: Allowed) -> str:
     if allowed.match(line):
         return line
     return f"({WITHHELD})"
+
+
+def lab_feedback(rubric: Rubric) -> Allowed:
+    """Messages the lab's tests and hints may show to students (see :mod:`._feedback`)."""
+    tests = [p for n, p in sandbox_files(rubric).items() if Path(n).name.startswith("test")]
+    modules = [rubric.lab_dir / f for f in rubric.submit]
+    return allowed_messages(tests, modules)

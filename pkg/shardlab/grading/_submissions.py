@@ -10,9 +10,12 @@ then reads the rubric's ``submit`` files (regular files only, size-bounded).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
+import subprocess
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,3 +238,39 @@ def collect(root: Path, lab: str, names: tuple[str, ...]) -> tuple[dict[str, byt
         except TreeError as exc:
             raise SubmissionError(f"{'/'.join(entry.rel)[:200]}: {exc}.") from None
     return found, missing
+
+
+# Compiles the source on stdin in a child process; prints one JSON line.
+_SYNTAX_CHECK = r"""
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+resource.setrlimit(resource.RLIMIT_CPU, (20, 25))
+name = sys.argv[1]
+data = sys.stdin.buffer.read()
+try:
+    compile(data, name, "exec", dont_inherit=True)
+    out = {"ok": True}
+except SyntaxError as exc:
+    out = {"ok": False, "msg": f"{name} line {exc.lineno}: {exc.msg}"}
+except BaseException as exc:
+    out = {"ok": False, "msg": f"{name} cannot be compiled ({type(exc).__name__}: {str(exc)[:200]})"}
+print(json.dumps(out))
+"""
+
+
+def check_syntax(name: str, data: bytes) -> str:
+    """'' if ``data`` compiles, else a sentence (compiled in a child process, time-limited)."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _SYNTAX_CHECK, name],
+            input=data,
+            capture_output=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        return f"{name} cannot be compiled (compiling took more than 60 s)"
+    try:
+        out = json.loads(proc.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return f"{name} cannot be compiled (the compiler stopped with exit code {proc.returncode})"
+    return "" if out.get("ok") else str(out.get("msg", f"{name} cannot be compiled"))

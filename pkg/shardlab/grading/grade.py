@@ -24,7 +24,6 @@ missing, syntax error, rejected, tampered, grader error.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._feedback import Allowed, allowed_messages
+from ._feedback import Allowed, lab_feedback
 from ._fs import TreeError, make_dirs, open_dir_nofollow, read_in_tree, read_regular, write_new
 from ._junit import parse_junit, parse_progress
 from ._score import MESSAGE_CHARS, Row, _death_note, _zero, score
@@ -42,6 +41,7 @@ from ._submissions import (
     MAX_ZIP_BYTES,
     MAX_ZIP_MEMBERS,
     SubmissionError,
+    check_syntax,
     collect,
     discover_submissions,
     locate,
@@ -81,23 +81,6 @@ markers =
     gpu: needs a CUDA device
 """
 
-# Compiles the source on stdin in a child process; prints one JSON line.
-_SYNTAX_CHECK = r"""
-import json, resource, sys
-resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-resource.setrlimit(resource.RLIMIT_CPU, (20, 25))
-name = sys.argv[1]
-data = sys.stdin.buffer.read()
-try:
-    compile(data, name, "exec", dont_inherit=True)
-    out = {"ok": True}
-except SyntaxError as exc:
-    out = {"ok": False, "msg": f"{name} line {exc.lineno}: {exc.msg}"}
-except BaseException as exc:
-    out = {"ok": False, "msg": f"{name} cannot be compiled ({type(exc).__name__}: {str(exc)[:200]})"}
-print(json.dumps(out))
-"""
-
 
 @dataclass
 class LabResult:
@@ -134,24 +117,6 @@ def grader_error(student: str, rubric: Rubric, reason: str, cuda: bool) -> LabRe
 # --------------------------------------------------------------------------- one job
 
 
-def check_syntax(name: str, data: bytes) -> str:
-    """'' if ``data`` compiles, else a sentence (compiled in a child process, time-limited)."""
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", _SYNTAX_CHECK, name],
-            input=data,
-            capture_output=True,
-            timeout=60,
-        )
-    except subprocess.TimeoutExpired:
-        return f"{name} cannot be compiled (compiling took more than 60 s)"
-    try:
-        out = json.loads(proc.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return f"{name} cannot be compiled (the compiler stopped with exit code {proc.returncode})"
-    return "" if out.get("ok") else str(out.get("msg", f"{name} cannot be compiled"))
-
-
 def _digest_in(root: Path, name: str) -> str | None:
     try:
         return hashlib.sha256(
@@ -159,13 +124,6 @@ def _digest_in(root: Path, name: str) -> str | None:
         ).hexdigest()
     except TreeError:
         return None
-
-
-def lab_feedback(rubric: Rubric) -> Allowed:
-    """Messages the lab's tests and hints may show to students (see :mod:`._feedback`)."""
-    tests = [p for n, p in sandbox_files(rubric).items() if Path(n).name.startswith("test")]
-    modules = [rubric.lab_dir / f for f in rubric.submit]
-    return allowed_messages(tests, modules)
 
 
 def grade_lab(

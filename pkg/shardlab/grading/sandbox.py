@@ -39,7 +39,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import threading
@@ -50,8 +49,7 @@ from pathlib import Path
 import psutil
 
 from ._bwrap import INI, PKG, WORK, bwrap_argv
-
-TOKEN_ENV = "SHARDLAB_SANDBOX"
+from ._proctree import TOKEN_ENV, _alive, _proc, _Tree
 
 
 @dataclass(frozen=True)
@@ -93,90 +91,6 @@ class RunResult:
     log_tail: str = ""
     survivors_killed: int = 0
     wall: float = 0.0
-
-
-def _proc(pid: int) -> psutil.Process | None:
-    try:
-        return psutil.Process(pid)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-class _Tree:
-    """Bookkeeping of every process known to belong to one sandbox."""
-
-    def __init__(self, root: psutil.Process, sid: int, token: str):
-        self.root, self.sid, self.token = root, sid, token
-        self.known: dict[int, psutil.Process] = {root.pid: root}
-
-    def scan(self, deep: bool = False) -> list[psutil.Process]:
-        """Refresh and return the live processes of the sandbox."""
-        for p in list(self.known.values()):
-            if _alive(p):
-                with contextlib.suppress(psutil.Error):
-                    for c in p.children(recursive=True):
-                        self.known.setdefault(c.pid, c)
-        me = os.getpid()
-        for p in psutil.process_iter():
-            if p.pid in self.known or p.pid == me:
-                continue
-            try:
-                if os.getsid(p.pid) == self.sid:
-                    self.known[p.pid] = p
-                elif deep and self.token in p.environ().get(TOKEN_ENV, ""):
-                    self.known[p.pid] = p
-            except (OSError, psutil.Error):
-                continue
-        return [p for p in self.known.values() if _alive(p)]
-
-    def rss(self, procs: list[psutil.Process]) -> int:
-        total = 0
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                total += p.memory_info().rss
-        return total
-
-    def kill_all(self, settle: float = 1.0) -> int:
-        """Freeze (SIGSTOP) every process of the sandbox until no new one appears, then SIGKILL all.
-
-        Freezing first means nothing can fork or escape while the tree is being killed; the
-        settle period catches a process that was half-way through escaping anyway.
-        """
-        killed: set[int] = set()
-        quiet_since = None
-        give_up = time.monotonic() + 30.0
-        while time.monotonic() < give_up:
-            stopped: set[int] = set()
-            for _ in range(50):
-                procs = [p for p in self.scan(deep=True) if p.pid not in stopped]
-                if not procs:
-                    break
-                for p in procs:
-                    with contextlib.suppress(psutil.Error):
-                        p.send_signal(signal.SIGSTOP)
-                    stopped.add(p.pid)
-            with contextlib.suppress(OSError):
-                os.killpg(self.sid, signal.SIGKILL)
-            for pid in stopped:
-                with contextlib.suppress(psutil.Error):
-                    self.known[pid].kill()
-                    killed.add(pid)
-            now = time.monotonic()
-            if stopped:
-                quiet_since = None
-            elif quiet_since is None:
-                quiet_since = now
-            elif now - quiet_since >= settle:
-                break
-            time.sleep(0.05)
-        return len(killed - {self.root.pid})
 
 
 _supervisors: set[int] = set()  # live supervisor / bwrap pids of all running sandboxes
