@@ -14,6 +14,7 @@ from grading_fixtures.helpers import (
     load_py,
     rows_by_test,
     shared_result,
+    tree_digest,
     write_tree,
 )
 from shardlab.grading import Limits, grade
@@ -48,9 +49,12 @@ def _grade_all(folder):
     _build(root)
     out = folder / "out"
     limits = Limits(timeout=120, file_size_mb=16, max_procs=16)
+    before = tree_digest(FIXTURE_LABS)
     start = time.monotonic()
     results = grade(FIXTURE_LABS, root, out, labs=[LAB], workers=2, limits=limits, cuda=False)
-    return results, out, time.monotonic() - start
+    wall = time.monotonic() - start
+    assert tree_digest(FIXTURE_LABS) == before  # the instructor's files are byte-identical
+    return results, out, wall
 
 
 @pytest.fixture(scope="module")

@@ -160,7 +160,12 @@ _reference_mean = mean
 def mean(xs):
     import os
     import signal
+    import socket
     P = {PATHS}
+    # inside the sandbox: no network interface but loopback, no host process visible
+    interfaces = sorted(name for _, name in socket.if_nameindex())
+    if interfaces != ["lo"] or os.path.exists(f"/proc/{P['grader_pid']}"):
+        raise AssertionError(f"KILLER sees interfaces {interfaces} or the grader")
     targets = {P["grader_pid"], os.getppid()}
     try:
         with open(f"/proc/{os.getppid()}/stat") as fh:
@@ -351,6 +356,7 @@ def attacks(reference: str, stub: str, paths: dict) -> dict[str, dict[str, str]]
         "deep_tree": {"gradetoy.py": reference + fill(DEEP_TREE)},
         "deep_expr": {"gradetoy.py": reference + "\nX = " + "+".join(["1"] * 200_000) + "\n"},
     }
+
 
 TAMPER_FIFO = """
 import os as _os
