@@ -166,6 +166,10 @@ def mean(xs):
     interfaces = sorted(name for _, name in socket.if_nameindex())
     if interfaces != ["lo"] or os.path.exists(f"/proc/{P['grader_pid']}"):
         raise AssertionError(f"KILLER sees interfaces {interfaces} or the grader")
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0:  # CLONE_NEWUSER
+        raise AssertionError("KILLER made a user namespace (capabilities regained)")
     targets = {P["grader_pid"], os.getppid()}
     try:
         with open(f"/proc/{os.getppid()}/stat") as fh:

@@ -12,7 +12,8 @@ What the sandbox sees (everything else of the machine is absent, not just unwrit
 * ``/grade/pytest.ini`` (read-only), private size-capped ``/tmp`` and ``/dev/shm``, a new
   ``/proc`` and a minimal ``/dev``.
 
-Namespaces: ``--unshare-all`` (user, IPC, PID, network, UTS, cgroup): no network beyond a
+Namespaces: ``--unshare-all`` (user, IPC, PID, network, UTS, cgroup; ``--disable-userns``:
+no nested user namespace, so no capability can be regained inside): no network beyond a
 loopback interface (gloo ranks talk over it), no view of the host's processes.
 ``--die-with-parent`` and ``--as-pid-1`` (the supervisor is the namespace's init; when it
 exits or is killed the kernel kills every process of the namespace), ``--new-session``
@@ -102,6 +103,8 @@ def bwrap_argv(
     args = [
         bwrap,
         "--unshare-all",
+        "--unshare-user",  # explicit (not "-try"), so nested user namespaces can be disabled:
+        "--disable-userns",  # no new user namespace inside, hence no capabilities regained
         "--die-with-parent",
         "--new-session",
         "--as-pid-1",

@@ -44,7 +44,8 @@ def require_bwrap() -> str:
             "it (Debian/Ubuntu: apt-get install bubblewrap), or pass --unsafe-no-sandbox to "
             "grade code you trust without a sandbox."
         )
-    probe = [path, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1"]
+    probe = [path, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
+    probe += ["--new-session", "--as-pid-1"]
     probe += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
     try:
         proc = subprocess.run(probe, capture_output=True, text=True, timeout=60)
