@@ -273,3 +273,52 @@ def test_live_calculator_recomputes_in_the_browser(site_url, browser):
         f"edit -> new result {edit_s:.2f} s; {len(urls)} requests, all to {base}; "
         f"phases (ms from navigation start): {live['phases']}"
     )
+
+
+def page_calculators(html: str) -> int:
+    """How many calculators a built page displays (from its stored widget state)."""
+    import re
+
+    from shardlab.widgets import live as live_module
+
+    state = re.search(
+        r'<script type="application/vnd\.jupyter\.widget-state\+json">(.*?)</script>', html, re.S
+    )
+    views = re.findall(
+        r'<script type="application/vnd\.jupyter\.widget-view\+json">(.*?)</script>', html, re.S
+    )
+    if not state:
+        return 0
+    models = json.loads(state.group(1))["state"]
+    ids = [json.loads(v)["model_id"] for v in views]
+    return sum(live_module._title(models, i) is not None for i in ids)
+
+
+def test_every_calculator_page_goes_live(site_url, browser):
+    base, _ = site_url
+    pages = {
+        p.relative_to(SITE).as_posix(): n
+        for p in sorted(SITE.rglob("*.html"))
+        if "_static" not in p.parts and (n := page_calculators(p.read_text(encoding="utf-8")))
+    }
+    assert len(pages) >= 10, pages  # chapters 1-10 and lab 01 show calculators
+    browser.call("Page.enable")
+    times = {}
+    for page, expected in pages.items():
+        browser.call("Page.navigate", url=f"{base}/{page}")
+        browser.wait_for(
+            "document.readyState === 'complete' && !!window.shardlabLive", 60, f"{page} to load"
+        )
+        state = browser.wait_for(
+            "window.shardlabLive.state !== 'loading' && window.shardlabLive.state",
+            READY_TIMEOUT_S,
+            f"{page} to go live",
+        )
+        live = browser.eval("JSON.parse(JSON.stringify(window.shardlabLive))")
+        assert state == "ready" and live["errors"] == [], (page, live)
+        assert live["calculators"] == expected, (page, live)
+        assert len(live["same"]) == expected and all(live["same"].values()), (page, live)
+        shown = browser.eval("document.querySelectorAll('.shardlab-live-view').length")
+        assert shown == expected, (page, shown)
+        times[page] = round(live["readyAt"] / 1000, 1)
+    print(f"\nlive calculators per page, navigation start -> live (s): {times}")
