@@ -188,3 +188,14 @@ def test_csv_cell():
         "ok",
         "1.5",
     ]
+
+
+def test_timeout_under_load_says_so():
+    from shardlab.grading._score import _death_note
+    from shardlab.grading.sandbox import RunResult
+
+    limits = Limits(timeout=120)
+    busy = _death_note(RunResult(None, timed_out=True, load=99.0), limits)
+    assert busy.startswith("timed out after 120 s") and "load average was 99.0" in busy
+    quiet = _death_note(RunResult(None, timed_out=True, load=0.0), limits)
+    assert "load average" not in quiet

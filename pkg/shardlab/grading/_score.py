@@ -6,6 +6,7 @@ lab that could not run (:func:`_zero`).
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 from dataclasses import dataclass
@@ -58,7 +59,14 @@ def _signal_name(code: int) -> str:
 def _death_note(run: RunResult, limits: Limits) -> str:
     """Why pytest did not finish normally ('' when it did)."""
     if run.timed_out:
-        return f"timed out after {limits.timeout:g} s (wall clock); the submission hangs or is too slow"
+        note = f"timed out after {limits.timeout:g} s (wall clock); the submission hangs or is too slow"
+        cores = os.cpu_count() or 1
+        if run.load > cores:  # a busy machine can cut a correct solution: say so
+            note += (
+                f" (the machine's load average was {run.load:.1f} on {cores} cores: regrade "
+                "with fewer --workers or a longer --timeout if others passed slowly)"
+            )
+        return note
     if run.killed_reason:
         return run.killed_reason
     code = run.returncode

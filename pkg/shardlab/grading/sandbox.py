@@ -91,6 +91,7 @@ class RunResult:
     log_tail: str = ""
     survivors_killed: int = 0
     wall: float = 0.0
+    load: float = 0.0  # 1-minute load average when a timeout struck
 
 
 _supervisors: set[int] = set()  # live supervisor / bwrap pids of all running sandboxes
@@ -276,6 +277,7 @@ def run_pytest(
                 break
             if time.monotonic() > deadline:
                 result.timed_out = True
+                result.load = os.getloadavg()[0]
                 break
             time.sleep(limits.poll)
     finally:
