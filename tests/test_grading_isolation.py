@@ -170,6 +170,15 @@ def test_zip_checks(tmp_path):
         check_zip(dup)
 
 
+def test_student_named_like_a_report(tmp_path, monkeypatch):
+    monkeypatch.setattr(jobs, "grade_lab", _fake({}))
+    subs = _subs(tmp_path, ["grades.csv", "junit.xml"])
+    results = grade(FIXTURE_LABS, subs, tmp_path / "out", labs=[LAB], cuda=False, sandbox=False)
+    assert {r.student for r in results} == {"grades.csv~2", "junit.xml~2"}
+    assert (tmp_path / "out" / "grades.csv").is_file()
+    assert (tmp_path / "out" / "junit.xml~2" / "results.json").is_file()
+
+
 def test_discover_rejects_links(tmp_path):
     (tmp_path / "real").mkdir()
     os.symlink(tmp_path / "real", tmp_path / "alias")

@@ -28,6 +28,7 @@ MAX_DEPTH = 32  # folders below a submission's top
 MAX_ENTRIES = 20_000  # files and folders in a submission folder
 MAX_SUBMIT_BYTES = 2 * 2**20  # one graded file
 MAX_NAME = 255
+RESERVED_NAMES = {"grades.csv", "summary.csv", "junit.xml"}  # report files in --out
 
 
 class SubmissionError(ValueError):
@@ -78,7 +79,7 @@ def discover_submissions(submissions: Path) -> list[Submission]:
                 "keep one."
             )
         seen[student] = name
-        shown = _student_name(student, set(found))
+        shown = _student_name(student, set(found) | RESERVED_NAMES)
         found[shown] = Submission(shown, entry, kind, problem)
     return [found[k] for k in sorted(found)]
 
