@@ -14,6 +14,7 @@ import ring_attention as ra
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from attention_blocks import _box
 from ring_attention import CPConfig
 from shardlab.accounting import context
 from shardlab.dist import CommTrace, MemoryTrace
@@ -68,7 +69,7 @@ def _fwd_pairs(res, args):  # rows x keys of the box computed
 
 def _box_keys(args):
     q_pos, k_pos, causal = args[3], args[4], args[5]
-    box = ra._box(q_pos, k_pos, causal)
+    box = _box(q_pos, k_pos, causal)
     return 0 if box is None else box[1]
 
 
