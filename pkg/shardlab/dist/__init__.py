@@ -3,6 +3,8 @@
 * :func:`launch`, :func:`device`, :class:`RankError`, :class:`LaunchTimeout`,
   :func:`report_progress`, :func:`init_from_env` — see :mod:`shardlab.dist.launch`.
 * :class:`CommTrace`, :class:`CommRecord` — see :mod:`shardlab.dist.trace_comm`.
+* bytes each rank really writes to its sockets (the trace's wire column) — see
+  :mod:`shardlab.dist.wire`; probes for chapter 1 in :mod:`shardlab.dist.wire_probe`.
 * :class:`MemoryTrace`, :class:`MemoryTimeline` — see :mod:`shardlab.dist.trace_memory`.
 * :func:`plot_memory` — see :mod:`shardlab.dist.plot`.
 
