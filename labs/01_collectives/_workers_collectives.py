@@ -186,7 +186,7 @@ def check_dtypes(dtypes: list[str], sizes, seed: int = 5) -> list[list[dict]]:
 
 def a2a_splits(world: int, seed: int = 0, max_rows: int = 5) -> list[list[int]]:
     """``splits[s][d]``: rows rank ``s`` sends to rank ``d`` (uneven, some zero), same on every rank."""
-    g = torch.Generator().manual_seed(4_201 + 31 * seed + world)
+    g = torch.Generator().manual_seed(1_000_003 * (seed + 1) + 7919 * world)
     splits = torch.randint(0, max_rows + 1, (world, world), generator=g)
     splits[0, world - 1] = 0  # at least one empty message
     if world > 1:
