@@ -289,3 +289,126 @@ def faulty(kind="1f1b", m=4, fail_rank=1, fail_at="F2"):
     xs, ys = microbatches(cfg, 0, 8, m)
     ex.step(xs, ys)
     return "finished"
+
+
+# ------------------------------------------------------------------ benchmark
+TORCH_SCHEDULES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+    "zb-h1": "ScheduleInterleavedZeroBubble",
+}
+
+
+def _torch_pipeline(cfg, kind, p, m, v):
+    """PyTorch's ``torch.distributed.pipelining`` on the same stages (a second model copy)."""
+    import torch.distributed.pipelining as pp
+    import torch.nn.functional as F
+
+    model = GPT(cfg, seed=0)
+    stages = split_stages(model, p, v)
+    r = dist.get_rank()
+    mine = [
+        pp.PipelineStage(stages[k], k, p * v, torch.device("cpu"), group=dist.group.WORLD)
+        for k in range(r, p * v, p)
+    ]
+
+    def loss_fn(logits, y):
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    cls = getattr(pp, TORCH_SCHEDULES[kind])
+    multi = kind in ("interleaved", "zb-h1")  # these two take a list of stages per rank
+    sched = cls(mine if multi else mine[0], n_microbatches=m, loss_fn=loss_fn)
+    ids = {id(q) for st in mine for q in st.submod.parameters()}
+    named = {n: q for n, q in model.named_parameters() if id(q) in ids}
+    return sched, named, mine
+
+
+def benchmark(kind, m=8, size="bench", steps=5, n=None):
+    """Ours and PyTorch's step (forward + backward over ``m`` microbatches) on the same
+    ranks: median step time, peak live bytes (one traced step), loss and gradients."""
+    torch.set_num_threads(THREADS)
+    cfg, p = config(size), dist.get_world_size()
+    v = 2 if kind in ("interleaved", "zb-h1") else 1  # PyTorch's ZB schedule is interleaved
+    ours_kind = kind
+    n = n or 8 * m
+    r = dist.get_rank()
+    last = r == p - 1
+    _, ours_named, ex = build(cfg, ours_kind, p, m, 1 if kind == "zb-h1" else v)
+    sched, theirs_named, _ = _torch_pipeline(cfg, kind, p, m, v)
+    xs, ys = microbatches(cfg, 0, n, m)
+    x, y = torch.cat(xs), torch.cat(ys)
+
+    def ours():
+        for q in ours_named.values():
+            q.grad = None
+        return ex.step(xs, ys)
+
+    def theirs():
+        for q in theirs_named.values():
+            q.grad = None
+        losses = []
+        if r == 0:
+            sched.step(x, target=y if last else None, losses=losses)
+        elif last:
+            sched.step(target=y, losses=losses)
+        else:
+            sched.step()
+        return torch.stack(losses).sum() / m if last else None
+
+    out = {}
+    for name, fn, named in (("ours", ours, ours_named), ("torch", theirs, theirs_named)):
+        times = []
+        for i in range(steps + 1):
+            dist.barrier()
+            t = time.perf_counter()
+            loss = fn()
+            dist.barrier()
+            if i:  # the first step warms up (PyTorch infers shapes on it)
+                times.append(time.perf_counter() - t)
+        with _memory_trace() as mt:
+            mt.watch(list(named.values()))
+            fn()
+        out[name] = {
+            "step_s": statistics.median(times),
+            "peak_bytes": mt.peak,
+            "loss": _broadcast_loss(loss, p),
+            "grads": {k: q.grad.clone() for k, q in named.items()},
+        }
+    full = {}
+    for name in ("ours", "torch"):  # every rank's gradients (the two splits may differ)
+        parts = [None] * p
+        dist.all_gather_object(parts, out[name]["grads"])
+        full[name] = {k: t for part in parts for k, t in part.items()}
+    diff = max((full["ours"][k] - full["torch"][k]).abs().max().item() for k in full["ours"])
+    return {
+        "kind": kind,
+        "torch_schedule": TORCH_SCHEDULES[kind],
+        "v_torch": v,
+        "ours_s": out["ours"]["step_s"],
+        "torch_s": out["torch"]["step_s"],
+        "ours_peak": out["ours"]["peak_bytes"],
+        "torch_peak": out["torch"]["peak_bytes"],
+        "loss_diff": abs(out["ours"]["loss"] - out["torch"]["loss"]).item(),
+        "grad_max_abs_diff": diff,
+    }
+
+
+def timed_all(m=8, schedules=SCHEDULES, steps=3, layers=None, size="timing"):
+    """:func:`timed` for several schedules in one launch: ``{(kind, v): runs}``."""
+    return {(k, v): timed(k, m, v, size=size, steps=steps, layers=layers) for k, v in schedules}
+
+
+def measure_schedules(p=2, m=8, schedules=SCHEDULES, steps=3, layers=None, size="timing"):
+    """Launch :func:`timed_all` on ``p`` ranks and :func:`analyse` every schedule."""
+    from shardlab.dist import launch
+
+    runs = launch(
+        "_workers_pipeline:timed_all", p, m, schedules, steps, layers, size, quiet=True,
+        timeout=600,
+    )  # fmt: skip
+    return {key: analyse([r[key] for r in runs], key[0], m, key[1]) for key in schedules}
+
+
+def benchmark_all(kinds=("gpipe", "1f1b", "interleaved", "zb-h1"), m=8, steps=5):
+    return [benchmark(k, m=m, steps=steps) for k in kinds]

@@ -94,6 +94,7 @@ def split_stages(model: GPT, p: int, v: int = 1, layers: list[int] | None = None
     n = model.config.n_layer
     if model.config.tied_embeddings:
         raise ValueError("split_stages: tied_embeddings=True puts one weight on two stages")
+    # BEGIN SOLUTION hint: bounds = acc.stage_bounds(n, p, v) (its ValueError names the values), or from layers (check: p*v positive counts summing to n); then one Stage(model, lo, hi, first=k == 0, last=k == len(bounds) - 1) per (lo, hi)
     if layers is None:
         bounds = acc.stage_bounds(n, p, v)  # ValueError names n_layer, p, v
     else:
@@ -105,7 +106,6 @@ def split_stages(model: GPT, p: int, v: int = 1, layers: list[int] | None = None
             )
         ends = [sum(layers[: i + 1]) for i in range(len(layers))]
         bounds = list(zip([0, *ends[:-1]], ends))
-    # BEGIN SOLUTION hint: one Stage(model, lo, hi, first=k == 0, last=k == len(bounds) - 1) per (lo, hi) in bounds
     return [
         Stage(model, lo, hi, first=k == 0, last=k == len(bounds) - 1)
         for k, (lo, hi) in enumerate(bounds)
@@ -172,13 +172,32 @@ class PipelineExecutor:
         # unique per message: direction, microbatch, receiving virtual stage
         return (mb * self.n_virtual + k) * 2 + int(backward)
 
-    def _recv(self, shape, backward: bool, mb: int, k: int) -> torch.Tensor:
+    def _post_recv(self, backward: bool, mb: int, k: int) -> None:
+        """Post the ``irecv`` of the message virtual stage ``k`` needs (once)."""
+        key = (backward, mb, k)
+        if key in self._posted:
+            return
         src = (k + 1 if backward else k - 1) % self.cfg.p
-        buf = torch.empty(shape, dtype=self.dtype)
-        # BEGIN SOLUTION hint: dist.irecv(buf, group=self.group, group_src=src, tag=self._tag(backward, mb, k)), then wait on it
-        dist.irecv(buf, group=self.group, group_src=src, tag=self._tag(backward, mb, k)).wait()
+        buf = torch.empty(self._act_shape, dtype=self.dtype)  # (b, s, h)
+        # BEGIN SOLUTION hint: dist.irecv into buf from group rank src with tag self._tag(backward, mb, k); keep (work, buf) in self._posted[key]
+        work = dist.irecv(buf, group=self.group, group_src=src, tag=self._tag(backward, mb, k))
+        self._posted[key] = (work, buf)
         # END SOLUTION
+
+    def _recv(self, backward: bool, mb: int, k: int) -> torch.Tensor:
+        self._post_recv(backward, mb, k)
+        work, buf = self._posted.pop((backward, mb, k))
+        work.wait()  # the data is here (usually already: it was posted one action early)
         return buf
+
+    def _needs(self, a: acc.Action):
+        """The message action ``a`` waits for, as ``(backward, mb, k)``, or None."""
+        k = self._vstage(a)
+        if a.kind == "F" and k > 0:
+            return (False, a.microbatch, k)
+        if a.kind in ("B", "BI") and k < self.n_virtual - 1:
+            return (True, a.microbatch, k)
+        return None
 
     def _send(self, t: torch.Tensor, backward: bool, mb: int, k: int) -> None:
         dest_k = k - 1 if backward else k + 1
@@ -196,7 +215,7 @@ class PipelineExecutor:
         if k == 0:
             x, inp = None, self._inputs[mb]
         else:
-            x = self._recv(self._act_shape, False, mb, k).requires_grad_()
+            x = self._recv(False, mb, k).requires_grad_()
             inp = x
         t0 = time.perf_counter()  # the input is here: the action starts
         # BEGIN SOLUTION hint: run the stage with self._capture = [] if self._split (the hook fills it); on the last virtual stage the output is microbatch_loss(...), add it to self._loss; else isend out.detach() forward; keep _InFlight(x, out, captured) in self._state[(mb, chunk)]
@@ -216,7 +235,7 @@ class PipelineExecutor:
         k = self._vstage(a)
         if k == self.n_virtual - 1:
             return None  # the scaled loss: autograd starts from 1
-        return self._recv(self._act_shape, True, a.microbatch, k)
+        return self._recv(True, a.microbatch, k)
 
     def _backward(self, a: acc.Action) -> None:
         k, key = self._vstage(a), (a.microbatch, a.chunk)
@@ -268,6 +287,7 @@ class PipelineExecutor:
         self._inputs, self._targets = inputs, targets
         self._state: dict[tuple[int, int], _InFlight] = {}
         self._pending: list = []
+        self._posted: dict = {}
         self._loss = None
         self.events = []
         run = {
@@ -276,8 +296,14 @@ class PipelineExecutor:
             "BI": self._backward_input,
             "BW": self._backward_weight,
         }
-        for a in self.actions:
+        needs = [self._needs(a) for a in self.actions]
+        for i, a in enumerate(self.actions):
+            # post the receive of the next action that needs one before computing this one,
+            # so the transfer overlaps the compute (its buffer is one (b, s, h) tensor)
+            nxt = next((n for n in needs[i + 1 :] if n is not None), None)
             try:
+                if nxt is not None:
+                    self._post_recv(*nxt)
                 if self.stop_after == str(a):
                     raise RuntimeError("injected fault")
                 t0 = run[a.kind](a)
