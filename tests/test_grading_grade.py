@@ -112,6 +112,11 @@ def test_report_files(toy):
     assert gs["score"] == 0 and gs["max_score"] == 9 and len(gs["tests"]) == 7
     assert set(gs["tests"][0]) >= {"name", "score", "max_score", "status", "output"}
     assert {t["status"] for t in gs["tests"]} <= {"passed", "failed"}
+    # the stub's hint is the lab's own text, so the student sees it
+    outputs = {t["name"]: t["output"] for t in gs["tests"]}
+    assert outputs["01_toy :: test_gradetoy.py::test_mean"] == (
+        "failed: NotImplementedError: sum divided by count"
+    )
     suites = ET.parse(out / "junit.xml").getroot()
     assert len(suites.findall("testsuite")) == 5
     stub = [s for s in suites if s.get("name") == "stub.01_toy"][0]
