@@ -9,14 +9,14 @@ position embeddings are replicated.
 
 Which collectives run, when (autograd functions named for their communication):
 
-=======================================  ======================  ======================
-operator                                 forward                 backward
-=======================================  ======================  ======================
-``f``   :class:`IdentityFwdAllReduceBwd`    identity                all-reduce
-``g``   :class:`AllReduceFwdIdentityBwd`    all-reduce              identity
-SP in   :class:`AllGatherFwdReduceScatterBwd`  all-gather along s   reduce-scatter along s
-SP out  :class:`ReduceScatterFwdAllGatherBwd`  reduce-scatter along s  all-gather along s
-=======================================  ======================  ======================
+==========  =======================================  ======================  ======================
+operator    class                                    forward                 backward
+==========  =======================================  ======================  ======================
+``f``       :class:`IdentityFwdAllReduceBwd`         identity                all-reduce
+``g``       :class:`AllReduceFwdIdentityBwd`         all-reduce              identity
+SP entry    :class:`AllGatherFwdReduceScatterBwd`    all-gather along s      reduce-scatter along s
+SP exit     :class:`ReduceScatterFwdAllGatherBwd`    reduce-scatter along s  all-gather along s
+==========  =======================================  ======================  ======================
 
 A transformer layer uses ``f`` before and ``g`` after each of its two blocks: 4 all-reduces
 of ``b s h`` elements, ``8 q b s h (t-1)/t`` bytes sent per rank per layer per microbatch,
