@@ -208,3 +208,13 @@ def test_timeout_under_load_says_so():
     assert busy.startswith("timed out after 120 s") and "load average was 99.0" in busy
     quiet = _death_note(RunResult(None, timed_out=True, load=0.0), limits)
     assert "load average" not in quiet
+
+
+@pytest.mark.parametrize("status", ["tampered", "rejected", "grader error", "missing"])
+def test_zero_rows_leave_gpu_tests_out_of_the_maximum(status):
+    from shardlab.grading._score import _zero
+    from shardlab.grading.rubric import load_rubric
+
+    rubric = load_rubric(FIXTURE_LABS / LAB)
+    assert sum(r.max_points for r in _zero(rubric, status, "x", cuda=False)) == 9
+    assert sum(r.max_points for r in _zero(rubric, status, "x", cuda=True)) == 10
