@@ -27,17 +27,30 @@ def _default_labs() -> Path:
 
 
 def _release(args: argparse.Namespace) -> int:
+    from .kit import release_kit
     from .release import ReleaseError, release
 
     try:
-        manifest = release(Path(args.labs), Path(args.out), zip_labs=args.zip, force=args.force)
+        if args.labs_only:
+            manifest = release(Path(args.labs), Path(args.out), zip_labs=args.zip, force=args.force)
+        else:
+            manifest = release_kit(
+                Path(args.labs), Path(args.out), zip_kit=args.zip, force=args.force
+            )
     except ReleaseError as exc:
         print(f"release failed: {exc}", file=sys.stderr)
         return 2
-    labs = sorted({rel.split("/")[0] for rel in manifest if "/" in rel})
+    lab_files = (
+        manifest
+        if args.labs_only
+        else {k.removeprefix("labs/"): v for k, v in manifest.items() if k.startswith("labs/")}
+    )
+    labs = sorted({rel.split("/")[0] for rel in lab_files if "/" in rel})
     print(
         f"released {len(labs)} lab(s), {len(manifest)} file(s) into {args.out}: {', '.join(labs)}"
     )
+    if not args.labs_only:
+        print(f"a student sets it up with the two commands of {Path(args.out) / 'README.md'}")
     return 0
 
 
@@ -100,9 +113,18 @@ def add_parsers(subparsers) -> None:
     rel.add_argument("--labs", default=str(_default_labs()), help="labs folder (default: ./labs)")
     rel.add_argument("--out", required=True, help="output folder (must be empty unless --force)")
     rel.add_argument(
-        "--zip", action="store_true", help="also write one deterministic <lab>.zip per lab"
+        "--zip",
+        action="store_true",
+        help="also write a deterministic zip: <out>.zip of the whole kit (with --labs-only, "
+        "one <lab>.zip per lab)",
     )
     rel.add_argument("--force", action="store_true", help="clear a non-empty output folder first")
+    rel.add_argument(
+        "--labs-only",
+        action="store_true",
+        help="write only the lab folders (default: a kit that stands alone, with the shardlab "
+        "package, requirements.txt and a README under <out>/)",
+    )
     rel.set_defaults(func=_release)
 
     gr = subparsers.add_parser(
