@@ -19,6 +19,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -70,7 +71,12 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def site_url():
     if not (SITE / PAGE).is_file():  # make test builds it; build it here when run alone
-        subprocess.run(["make", "--no-print-directory", "book-build"], cwd=ROOT, check=True)
+        import fcntl
+
+        with open(ROOT / "_build.lock", "w") as lock:  # one build even under pytest-xdist
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (SITE / PAGE).is_file():
+                subprocess.run(["make", "--no-print-directory", "book-build"], cwd=ROOT, check=True)
     requested: list[str] = []
     handler = functools.partial(
         type("Handler", (QuietHandler,), {"requested": requested}), directory=str(SITE)
@@ -206,6 +212,7 @@ def test_live_calculator_recomputes_in_the_browser(site_url, browser):
     base, requested = site_url
     browser.call("Network.enable")
     browser.call("Page.enable")
+    browser.call("Runtime.enable")
     browser.call("Page.navigate", url=f"{base}/{PAGE}")
     t0 = time.monotonic()
 
@@ -265,6 +272,16 @@ def test_live_calculator_recomputes_in_the_browser(site_url, browser):
     foreign = [u for u in urls if not u.startswith((base + "/", "data:", "blob:"))]
     assert foreign == [], foreign
     assert any(p.endswith("pyodide.asm.wasm") for p in requested)
+    # ... and no widget, Pyodide or live-script error reached the console (the theme's own
+    # messages, e.g. sphinx-thebe declaring THEBE_JS_URL twice, are not this test's concern).
+    errors = [
+        json.dumps(e["params"])[:400]
+        for e in browser.events
+        if e.get("method") == "Runtime.exceptionThrown"
+        or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] == "error")
+    ]
+    ours = [e for e in errors if re.search(r"shardlab|pyodide|python|embed-amd", e, re.I)]
+    assert ours == [], ours
     assert any(p.endswith(".whl") for p in requested)
 
     print(
@@ -277,8 +294,6 @@ def test_live_calculator_recomputes_in_the_browser(site_url, browser):
 
 def page_calculators(html: str) -> int:
     """How many calculators a built page displays (from its stored widget state)."""
-    import re
-
     from shardlab.widgets import live as live_module
 
     state = re.search(
