@@ -30,12 +30,12 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from ._feedback import Allowed, lab_feedback
 from ._fs import TreeError, make_dirs, open_dir_nofollow, read_in_tree, read_regular, write_new
 from ._junit import parse_junit, parse_progress
+from ._results import LabResult
 from ._score import MESSAGE_CHARS, Row, _death_note, _zero, score
 from ._submissions import (
     MAX_ZIP_BYTES,
@@ -48,6 +48,7 @@ from ._submissions import (
     safe_extract,
 )
 from .release import lab_dirs
+from .report import prepare_out, write_reports
 from .rubric import Rubric, load_rubric, sandbox_files
 from .sandbox import Limits, run_pytest
 
@@ -80,25 +81,6 @@ filterwarnings =
 markers =
     gpu: needs a CUDA device
 """
-
-
-@dataclass
-class LabResult:
-    student: str
-    lab: str
-    rows: list[Row]
-    note: str = ""  # lab-level explanation for the instructor (timeout, crash, tampering...)
-    log_tail: str = ""
-    wall: float = 0.0
-    feedback_note: str | None = None  # what the student sees instead of ``note`` (None: same)
-
-    @property
-    def points(self) -> float:
-        return sum(r.points for r in self.rows)
-
-    @property
-    def max_points(self) -> float:
-        return sum(r.max_points for r in self.rows)
 
 
 def grader_error(student: str, rubric: Rubric, reason: str, cuda: bool) -> LabResult:
@@ -311,7 +293,6 @@ def grade(
     with ``sandbox=True`` a missing or broken bubblewrap raises ``SandboxUnavailable``.
     """
     from ._jobs import require_bwrap, run_jobs
-    from .report import prepare_out, write_reports
 
     limits = limits or Limits()
     rubrics = load_rubrics(labs_dir, labs)

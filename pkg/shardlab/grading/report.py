@@ -36,7 +36,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from ._fs import write_new
-from .grade import LabResult
+from ._results import LabResult
 
 GRADES_FIELDS = ("student", "lab", "test", "points", "max_points", "status", "message")
 
