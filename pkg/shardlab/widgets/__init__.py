@@ -8,7 +8,9 @@ Each ``render_*(**kwargs) -> str`` returns that HTML without widgets, and each
 ``*_report(...)`` returns the :class:`~shardlab.widgets._common.Report` (tables + JSON data)
 that the CLI prints. Bad input shows a red sentence, never a traceback.
 
-ipywidgets is imported only when a calculator is built.
+ipywidgets is imported only when a calculator is built. ``shardlab.widgets.live`` rebuilds
+the calculators stored in a built book page under Pyodide, so they stay live in the reader's
+browser (``tools/build_live.py``, ``tools/live/shardlab-live.js``).
 """
 
 from .activations import activations_calculator, activations_report, render_activations
