@@ -1,0 +1,85 @@
+"""Public tests of the combined-layouts lab (4 ranks as a 2x2 mesh; one launch per layout).
+
+Tolerances against one process (fp32, 3 SGD steps, lr 0.1), and why:
+
+* FSDP x TP: the tensor-parallel sums (row-parallel partial products, the vocabulary-parallel
+  loss) and FSDP's reduce-scatter over dp add the same numbers in another order than one
+  process's matrix products: fp32 rounding, ~1e-7 relative. Seen: weights <= 1.2e-7 apart,
+  mean loss <= 4.8e-7. We allow 1e-6 for every weight and 1e-5 for the loss: about ten times
+  what was seen, far below what a wrong group gives (a missed dp average or a tp slice
+  overwritten by its neighbour moves weights by ~lr * gradient, ~1e-2).
+* DP x PP: the pipeline computes each microbatch exactly as one process would; only the
+  microbatch accumulation and the dp average reorder sums. Seen: <= 7.5e-9. Same 1e-6 bound.
+  The two pipelines hold the same stage weights bit for bit (they apply the same all-reduced
+  gradient).
+* Bytes per rank per axis: equal to ``shardlab.accounting`` (ratio exactly 1.000); both
+  sides count the ring model for the same tensor sizes, so any difference is a missing,
+  extra or misdirected collective.
+"""
+
+from __future__ import annotations
+
+import pytest
+from combined import AxisGroups, dp_pp_pipeline, fsdp_tp_model
+from shardlab.accounting.mesh import Mesh
+from shardlab.dist import launch
+
+PARAM_TOL, LOSS_TOL = 1e-6, 1e-5
+
+
+@pytest.fixture(scope="module")
+def fsdp_tp():
+    return launch("_workers_combined:fsdp_tp_check", 4, quiet=True, timeout=240)[0]
+
+
+@pytest.fixture(scope="module")
+def dp_pp():
+    return launch("_workers_combined:dp_pp_check", 4, quiet=True, timeout=240)[0]
+
+
+def test_layouts_refuse_a_mesh_with_the_wrong_axes():
+    m = Mesh(G=4, dp=2, tp=1, pp=2)
+    ag = AxisGroups(m, 0, m.rank_to_coords(0))
+    with pytest.raises(ValueError, match="pp=2"):
+        fsdp_tp_model(None, ag)
+    m = Mesh(G=4, dp=2, tp=2, pp=1)
+    with pytest.raises(ValueError, match="tp=2"):
+        dp_pp_pipeline(None, AxisGroups(m, 0, m.rank_to_coords(0)))
+    with pytest.raises(ValueError, match="axis='data'"):
+        ag.group("data")
+
+
+def test_fsdp_tp_equals_one_process(fsdp_tp):
+    assert fsdp_tp["names_match"]
+    assert fsdp_tp["units"] == ["root", "blocks.0", "blocks.1"]
+    assert fsdp_tp["max_abs_param"] <= PARAM_TOL, fsdp_tp["worst_param"]
+    assert fsdp_tp["loss_diff"] <= LOSS_TOL
+
+
+def test_fsdp_tp_bytes_per_axis_equal_accounting(fsdp_tp):
+    assert len(fsdp_tp["bytes"]) == 4
+    for row in fsdp_tp["bytes"]:
+        assert row["other_axes"] == [], row  # nothing on the world group or an unknown one
+        assert set(row["measured"]) == {"dp", "tp"}, row
+        for axis in ("dp", "tp"):
+            assert row["measured"][axis] == row["predicted"][axis], (axis, row)
+        # FSDP: 3 units x (2 all-gathers + 1 reduce-scatter) on dp
+        assert row["calls"]["dp"] == 9, row
+
+
+def test_dp_pp_equals_one_process(dp_pp):
+    assert set(dp_pp["pipelines"]) == {0, 1}
+    for d, res in dp_pp["pipelines"].items():
+        assert res["names_match"], d
+        assert res["max_abs_param"] <= PARAM_TOL, (d, res)
+    assert dp_pp["twins_bitwise"]
+
+
+def test_dp_pp_bytes_per_axis_equal_accounting(dp_pp):
+    assert len(dp_pp["bytes"]) == 4
+    for row in dp_pp["bytes"]:
+        assert row["other_axes"] == [], row
+        assert set(row["measured"]) == {"dp", "pp"}, row
+        for axis in ("dp", "pp"):
+            assert row["measured"][axis] == row["predicted"][axis], (axis, row)
+        assert row["calls"]["dp"] == 1, row  # one flat bucket per step
