@@ -7,13 +7,13 @@ own algorithm (``accounting.wire.backend_sent_bytes``) and the bytes this rank r
 to its sockets (:mod:`shardlab.dist.wire`; None where not measurable, e.g. nccl).
 
 ``launch("shardlab.dist.wire_probe:time_collectives", D, sizes)`` times ``all_reduce`` and
-``reduce_scatter_tensor`` (median of ``reps`` after ``warmup``) over the same full-tensor
-sizes, for fitting α and β per collective.
+``reduce_scatter_tensor`` over the same full-tensor sizes (the fastest of ``reps`` after
+``warmup``: on a shared machine other processes only ever add time), for fitting α and β per
+collective.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 
 __all__ = ["collective_wire", "time_collectives", "OPS"]
@@ -73,7 +73,7 @@ def collective_wire(numel: int = 1 << 20) -> list[dict]:
 def time_collectives(
     sizes: list[int], reps: int = 5, warmup: int = 1, ops=("all_reduce", "reduce_scatter")
 ) -> dict:
-    """On each rank: median seconds of each op for each full-tensor size in bytes."""
+    """On each rank: fastest seconds of each op for each full-tensor size in bytes."""
     import torch
     import torch.distributed as dist
 
@@ -96,6 +96,6 @@ def time_collectives(
                 sync()
                 if i >= warmup:
                     times.append(time.perf_counter() - t0)
-            medians.append(statistics.median(times))
+            medians.append(min(times))
         out[op] = medians
     return out
