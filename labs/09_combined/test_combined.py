@@ -83,3 +83,24 @@ def test_dp_pp_bytes_per_axis_equal_accounting(dp_pp):
         for axis in ("dp", "pp"):
             assert row["measured"][axis] == row["predicted"][axis], (axis, row)
         assert row["calls"]["dp"] == 1, row  # one flat bucket per step
+
+
+# Memory (AdamW, fp32: 16 bytes per parameter a rank holds). Persistent state is a count of
+# tensors, so it must equal accounting exactly. Peaks: MemoryTrace's live bytes against
+# accounting.peak.predict_peak; +-5 % is the bound (seen: FSDP x TP 1.0002, the
+# embedding's few small saved tensors being the only unmodelled bytes).
+PEAK_TOL = 0.05
+
+
+def test_fsdp_tp_state_and_peak_match_accounting(fsdp_tp):
+    for row in fsdp_tp["memory"]:
+        assert row["state_measured"] == row["state_predicted"], row
+        assert abs(row["peak_ratio"] - 1) <= PEAK_TOL, row
+
+
+def test_dp_pp_state_and_activation_peak_match_accounting(dp_pp):
+    # the whole-step peak of a pipeline stage is reported (peak_ratio), not asserted: see
+    # _workers_combined.dp_pp_memory for the terms accounting does not model
+    for row in dp_pp["memory"]:
+        assert row["state_measured"] == row["state_predicted"], row
+        assert abs(row["act_ratio"] - 1) <= PEAK_TOL, row
