@@ -185,6 +185,12 @@ TOTALS_JS = """(() => {
   return null;
 })()"""
 
+# display style of the stored (static) calculator view, or null if it was never rendered
+STATIC_VIEW_JS = """(() => {
+  const el = document.querySelector('.widget-subarea:not(.shardlab-live-view)');
+  return el && el.querySelector('table.shardlab-table') ? el.style.display || 'shown' : null;
+})()"""
+
 D_INPUT_JS = """(() => {
   const view = document.querySelector('.shardlab-live-view');
   for (const label of view.querySelectorAll('label')) {
@@ -233,6 +239,8 @@ def test_live_calculator_recomputes_in_the_browser(site_url, browser):
     assert live["calculators"] == 1
     assert all(live["same"].values()), "the live calculator did not reproduce the stored output"
     ready_wall = time.monotonic() - t0
+    # The stored view was rendered first and is now hidden behind the live one.
+    assert browser.eval(STATIC_VIEW_JS) == "none"
 
     # The live view shows D=8 (the chapter's inputs), computed by Python.
     before = shown_bytes(browser.eval(TOTALS_JS))
@@ -337,3 +345,37 @@ def test_every_calculator_page_goes_live(site_url, browser):
         assert shown == expected, (page, shown)
         times[page] = round(live["readyAt"] / 1000, 1)
     print(f"\nlive calculators per page, navigation start -> live (s): {times}")
+
+
+def test_stored_view_stays_when_python_cannot_start(site_url, browser):
+    base, _ = site_url
+    browser.call("Network.enable")
+    browser.call("Page.enable")
+    browser.call("Network.setBlockedURLs", urls=["*pyodide.asm.wasm"])
+    # the page gives up after 180 s by default; 20 s is enough to show the fallback here
+    script = browser.call(
+        "Page.addScriptToEvaluateOnNewDocument", source="window.shardlabLiveTimeoutMs = 20000;"
+    )
+    try:
+        browser.call("Page.navigate", url=f"{base}/{PAGE}")
+        state = browser.wait_for(
+            "window.shardlabLive && window.shardlabLive.state !== 'loading' && "
+            "window.shardlabLive.state",
+            60,
+            "the live script to give up",
+        )
+        assert state == "failed"
+        browser.wait_for(STATIC_VIEW_JS, 30, "the stored view")
+        assert browser.eval(STATIC_VIEW_JS) == "shown"
+        assert browser.eval("document.querySelectorAll('.shardlab-live-view').length") == 0
+        note = browser.eval("document.querySelector('.shardlab-live-status').textContent")
+        assert (
+            note.startswith("Live version unavailable")
+            and "computed when the book was built" in note
+        )
+        assert shown_bytes(
+            browser.eval(TOTALS_JS.replace(".shardlab-live-view", ".widget-subarea"))
+        ) == (expected_bytes(N, 8))
+    finally:
+        browser.call("Network.setBlockedURLs", urls=[])
+        browser.call("Page.removeScriptToEvaluateOnNewDocument", identifier=script["identifier"])

@@ -25,6 +25,9 @@
   // (tests/test_live_browser.py): 5.4 s idle, 29-36 s with both cores busy elsewhere.
   const EXPECTED =
     "about 5 s on an idle 2-core laptop, up to 40 s on a busy one; 17 MB is downloaded the first time";
+  // A runtime file that never arrives can leave Pyodide waiting forever: give up after this
+  // long and keep the stored views (tests shorten it with window.shardlabLiveTimeoutMs).
+  const TIMEOUT_MS = window.shardlabLiveTimeoutMs || 180000;
   const script = document.currentScript;
   const base = new URL(".", script.src).href;
   const pyBase = base + "pyodide/";
@@ -229,6 +232,7 @@
     await Promise.all(opened);
     await pageLoaded;
     phase("page-load");
+    if (live.state !== "loading") return; // timed out meanwhile: keep the stored views
     for (const { id, tag, note } of views) {
       const liveId = result.views[id];
       if (!liveId) {
@@ -270,7 +274,8 @@
     }
   }
 
-  start().catch((err) => {
+  function fail(err) {
+    if (live.state !== "loading") return;
     console.error("shardlab live:", err);
     live.state = "failed";
     live.errors.push(String(err && err.message ? err.message : err));
@@ -280,5 +285,13 @@
       "#b00020",
       "failed",
     );
-  });
+  }
+
+  const timer = setTimeout(
+    () => fail(new Error(`Python did not start within ${Math.round(TIMEOUT_MS / 1000)} s`)),
+    TIMEOUT_MS,
+  );
+  start()
+    .catch(fail)
+    .finally(() => clearTimeout(timer));
 })();
