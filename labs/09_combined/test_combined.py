@@ -104,3 +104,27 @@ def test_dp_pp_state_and_activation_peak_match_accounting(dp_pp):
     for row in dp_pp["memory"]:
         assert row["state_measured"] == row["state_predicted"], row
         assert abs(row["act_ratio"] - 1) <= PEAK_TOL, row
+
+
+def test_grading_copies_of_earlier_labs_are_current():
+    """The grader's sandbox gets only this folder: hidden/_earlier_labs/ must hold the current
+    reference modules of labs 04-06 (instructor checkout only; skipped in a student kit)."""
+    from pathlib import Path
+
+    import _labs_path
+
+    copies = Path(__file__).resolve().parent / "hidden" / "_earlier_labs"
+    if not copies.is_dir() or not all(
+        (_labs_path.LABS_DIR / n).is_dir() for n in _labs_path.EARLIER
+    ):
+        pytest.skip("no hidden/_earlier_labs or no labs 04-06 next to this lab")
+    stale = [
+        f"{lab}/{name}"
+        for lab, names in _labs_path.MODULES.items()
+        for name in names
+        if (copies / name).read_bytes() != (_labs_path.LABS_DIR / lab / name).read_bytes()
+    ]
+    assert not stale, (
+        f"refresh the grading copies: cp {' '.join('labs/' + s for s in stale)} "
+        "labs/09_combined/hidden/_earlier_labs/"
+    )
