@@ -58,7 +58,7 @@ def block_attention(q, k, v, q_pos, k_pos, causal: bool, scale: float):
     qg = _grouped(q[:, :, r0:], hk)  # (b, h_kv, g*m, d)
     scores = torch.matmul(qg, k[:, :, :k1].transpose(-1, -2)).mul_(scale)  # (b, h_kv, g*m, k1)
     if mask is not None:
-        scores.view(b, hk, h // hk, -1, k1).masked_fill_(~mask, float("-inf"))
+        scores.view(b, hk, h // hk, -1, k1).masked_fill_(~mask.to(scores.device), float("-inf"))
     mx = scores.amax(-1, keepdim=True)  # the block's running max: exponents stay <= 0
     p = scores.sub_(mx).exp_()
     denom = p.sum(-1, keepdim=True)
@@ -86,7 +86,7 @@ def block_grads(q, k, v, dout, lse, delta, q_pos, k_pos, causal: bool, scale: fl
     kb, vb = k[:, :, :k1], v[:, :, :k1]
     scores = torch.matmul(qg, kb.transpose(-1, -2)).mul_(scale)  # (b, h_kv, g*m, k1)
     if mask is not None:
-        scores.view(b, hk, h // hk, -1, k1).masked_fill_(~mask, float("-inf"))
+        scores.view(b, hk, h // hk, -1, k1).masked_fill_(~mask.to(scores.device), float("-inf"))
     p = scores.sub_(_grouped(lse[:, :, r0:, None], hk)).exp_()  # share of the full softmax
     dv = torch.matmul(p.transpose(-1, -2), dog)  # (b, h_kv, k1, d), summed over the g heads
     ds = torch.matmul(dog, vb.transpose(-1, -2))  # dP

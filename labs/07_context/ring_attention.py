@@ -100,7 +100,8 @@ def shard_positions(rank: int, c: int, s: int, zigzag: bool) -> torch.Tensor:
 
 def shard(x: torch.Tensor, rank: int, c: int, zigzag: bool, dim: int = 2) -> torch.Tensor:
     """Rank ``rank``'s tokens of a full-sequence tensor (sequence along ``dim``)."""
-    return x.index_select(dim, shard_positions(rank, c, x.shape[dim], zigzag)).contiguous()
+    pos = shard_positions(rank, c, x.shape[dim], zigzag).to(x.device)
+    return x.index_select(dim, pos).contiguous()
 
 
 def unshard(pieces: list[torch.Tensor], zigzag: bool, dim: int = 2) -> torch.Tensor:
@@ -109,7 +110,7 @@ def unshard(pieces: list[torch.Tensor], zigzag: bool, dim: int = 2) -> torch.Ten
     s = sum(p.shape[dim] for p in pieces)
     pos = torch.cat([shard_positions(r, c, s, zigzag) for r in range(c)])
     out = torch.empty_like(torch.cat(pieces, dim))
-    out.index_copy_(dim, pos, torch.cat(pieces, dim))
+    out.index_copy_(dim, pos.to(out.device), torch.cat(pieces, dim))
     return out
 
 
@@ -145,8 +146,8 @@ class RingAttention(torch.autograd.Function):
         s, scale = q.shape[2] * c, 1.0 / math.sqrt(q.shape[-1])
         q_pos = shard_positions(r, c, s, zigzag)
         # BEGIN SOLUTION hint: out zeros and lse -inf; c steps: post isend(K,V)->right and irecv(next K,V)<-left before block_attention on the block of owner (r-step)%c, merge_partials, wait, rotate
-        out = torch.zeros(q.shape, dtype=torch.float32)  # (b, h, n, d)
-        lse = torch.full(q.shape[:3], float("-inf"))  # (b, h, n)
+        out = q.new_zeros(q.shape, dtype=torch.float32)  # (b, h, n, d)
+        lse = q.new_full(q.shape[:3], float("-inf"), dtype=torch.float32)  # (b, h, n)
         cur_k, cur_v = k, v
         for step in range(c):
             reqs = []
@@ -242,7 +243,7 @@ def _gather_kv(x: torch.Tensor, group) -> torch.Tensor:
     # attention wants them along the sequence: (b, h_kv, c*n, d) in rank order
     c = dist.get_world_size(group)
     b, hk, n, d = x.shape
-    buf = torch.empty((c * b, hk, n, d), dtype=x.dtype)  # gloo wants the shards along dim 0
+    buf = x.new_empty((c * b, hk, n, d))  # gloo wants the shards along dim 0
     dist.all_gather_into_tensor(buf, x.contiguous(), group=group)
     return buf.view(c, b, hk, n, d).movedim(0, 2).reshape(b, hk, c * n, d)
 
@@ -261,8 +262,8 @@ class AllGatherAttention(torch.autograd.Function):
         r0, blk_out, blk_lse = block_attention(
             q, k_all, v_all, shard_positions(r, c, s, zigzag), k_pos, causal, scale
         )
-        out = torch.zeros(q.shape, dtype=torch.float32)
-        lse = torch.full(q.shape[:3], float("-inf"))
+        out = q.new_zeros(q.shape, dtype=torch.float32)
+        lse = q.new_full(q.shape[:3], float("-inf"), dtype=torch.float32)
         out[:, :, r0:], lse[:, :, r0:] = blk_out, blk_lse
         # END SOLUTION
         ctx.save_for_backward(q, k, v, out, lse)
@@ -297,7 +298,7 @@ class AllGatherAttention(torch.autograd.Function):
         b, hk, n, d = k.shape
         grads = []
         for full in (dk_blk, dv_blk):
-            padded = torch.zeros(b, hk, c * n, d)
+            padded = k.new_zeros(b, hk, c * n, d)
             padded[:, :, :k1] = full
             # (c*b, h_kv, n, d): rank j's keys first-dim block j, as reduce_scatter_tensor cuts it
             stacked = padded.view(b, hk, c, n, d).movedim(2, 0).reshape(c * b, hk, n, d)
