@@ -437,7 +437,7 @@ def dp_pp_predicted_peak(stage, executor, mesh: Mesh, b: int, chunk_bytes: int):
 
 
 # ----------------------------------------------------------------- PyTorch: FSDP2 + DTensor
-def pytorch_fsdp_tp_model():
+def pytorch_fsdp_tp_model(cfg: ModelConfig = TP_MODEL):
     """The same layout with PyTorch's own tools on ``init_device_mesh("cpu", (2, 2))``:
     ``parallelize_module`` on the "tp" sub-mesh (vocabulary-split embedding, column/row
     parallel attention and MLP, column-parallel head gathered to full logits), then
@@ -453,7 +453,7 @@ def pytorch_fsdp_tp_model():
 
     m = Mesh(**FSDP_TP_MESH)
     mesh = init_device_mesh("cpu", (m.dp, m.tp), mesh_dim_names=("dp", "tp"))
-    model = SerialGPT(TP_MODEL)
+    model = SerialGPT(cfg)
     plan = {
         **{p: ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj", "fc")},
         **{p: RowwiseParallel() for p in ("o_proj", "proj")},
@@ -530,4 +530,59 @@ def extra_checks() -> dict | None:
     rows = [None] * dist.get_world_size()
     dist.all_gather_object(rows, group_rows())
     rep = {"groups": rows, "pytorch": pytorch_check(), "gpipe": dp_pp_check(kind="gpipe")}
+    return rep if dist.get_rank() == 0 else None
+
+
+def benchmark(steps: int = 10, batch: int = 8, **model_kw) -> dict | None:
+    """Median step time (forward, backward, gradient synchronisation, AdamW) and the peak of
+    live tensor bytes of one step (MemoryTrace): ours vs FSDP2 + DTensor on the same 2x2 mesh,
+    model and data. ``batch`` is global (``batch / dp`` per dp rank)."""
+    import time
+
+    from shardlab.dist import MemoryTrace
+
+    cfg = ModelConfig(**{**TP_MODEL.__dict__, **model_kw})
+    mesh = Mesh(**FSDP_TP_MESH)
+    ag = build_axis_groups(mesh)
+    idx, tgt = (_dp_slice(z, ag.coords.dp, mesh.dp) for z in make_batch(cfg, batch, seed=11))
+    res: dict = {"model": model_kw, "batch": batch, "mesh": FSDP_TP_MESH}
+    runs = {}
+    for name in ("ours", "pytorch"):
+        if name == "ours":
+            model = fsdp_tp_model(SerialGPT(cfg), ag)
+            fn = fsdp_tp_backward
+        else:
+            model = pytorch_fsdp_tp_model(cfg)
+            fn = pytorch_backward
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step(model=model, opt=opt, fn=fn):
+            fn(model, idx, tgt)
+            opt.step()
+            opt.zero_grad()
+
+        step()
+        step()  # warm-up: AdamW state exists
+        with MemoryTrace() as mt:
+            mt.watch(model, opt)
+            step()
+        res[name] = {"peak_bytes": mt.peak}
+        runs[name] = step
+    times = {name: [] for name in runs}
+    for _ in range(steps):  # interleaved: load from other processes hits both alike
+        for name, step in runs.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+    for name, ts in times.items():
+        res[name]["step_s"] = sorted(ts)[len(ts) // 2]
+    res["ratio_time"] = res["ours"]["step_s"] / res["pytorch"]["step_s"]
+    res["ratio_peak"] = res["ours"]["peak_bytes"] / res["pytorch"]["peak_bytes"]
+    return res if dist.get_rank() == 0 else None
+
+
+def lab_report() -> dict | None:
+    """Everything the notebook shows, from one 4-rank launch (rank 0 returns it)."""
+    rep = {"fsdp_tp": fsdp_tp_check(), "dp_pp": dp_pp_check()}
     return rep if dist.get_rank() == 0 else None
