@@ -218,7 +218,7 @@ def moe_forward(x: torch.Tensor, params: dict, cfg: MoEConfig, group=None):
     """Expert-parallel MoE layer on this rank's tokens ``x (T, h)``.
 
     ``params``: this rank's share from :func:`local_experts`. Every rank of ``group`` (the EP
-    group, ``cfg.ep`` ranks) must call it with the same ``T``. Returns ``(y (T, h), aux,
+    group, ``cfg.ep`` ranks) calls it; ``T`` may differ between ranks. Returns ``(y (T, h), aux,
     stats)``; ``stats`` holds ``counts`` and ``kept`` (``(ep, E)`` int64, no gradient),
     ``capacity`` and ``dropped`` (copies of the whole group that did not fit).
     """
@@ -234,7 +234,7 @@ def moe_forward(x: torch.Tensor, params: dict, cfg: MoEConfig, group=None):
     counts = torch.empty(ep * n_exp, dtype=mine.dtype)  # gloo wants a flat output
     dist.all_gather_into_tensor(counts, mine, group=group)
     counts = counts.view(ep, n_exp)
-    tokens_total = tokens * ep
+    tokens_total = int(counts.sum()) // k  # every token routes exactly k copies
     cap = acc.capacity(tokens_total, n_exp, k, cfg.capacity_factor)
     keep = keep_mask(chosen, counts, rank, cap)  # (T, k)
     kept = kept_counts(counts, cap)  # (ep, E)
