@@ -145,3 +145,23 @@ def test_requirements_pin_every_wheel_with_a_hash():
     names = {bl.canonical(n) for n, _, _ in reqs}
     assert {"ipywidgets", "comm", "traitlets", "ipython"} <= names
     assert all(len(h) == 64 for _, _, h in reqs)
+
+
+def test_a_selected_machine_preset_survives_trying_another(sent, monkeypatch):
+    from shardlab.widgets import comm as comm_widgets
+
+    monkeypatch.setattr(comm_widgets, "_machine", {})
+    state, ids = stored(ROOT / "labs" / "01_collectives" / "lab.ipynb")
+    result = json.loads(live.rebuild_page(json.dumps(state), json.dumps(ids)))
+    (stored_id,) = result["views"]
+    c = live._live[stored_id].controls
+    if c["preset"].value != comm_widgets.THIS_MACHINE:
+        pytest.skip("lab 01 was executed without this_machine.json")
+    alpha, beta = c["alpha_us"].value, c["beta_gbps"].value
+    other = next(iter(comm_widgets.PRESETS))
+    live.deliver(c["preset"].model_id, json.dumps({"method": "update", "state": {"index": 2}}))
+    assert c["preset"].value == c["preset"].options[2]
+    c["preset"].value = other
+    assert (c["alpha_us"].value, c["beta_gbps"].value) == comm_widgets.PRESETS[other]
+    c["preset"].value = comm_widgets.THIS_MACHINE
+    assert (c["alpha_us"].value, c["beta_gbps"].value) == (alpha, beta)

@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from . import comm as comm_widgets
 from .activations import activations_calculator
 from .comm import comm_calculator
 from .memory import memory_calculator
@@ -110,7 +111,20 @@ def rebuild(models: dict[str, Any], box_id: str) -> Any:
         )
     for widget, state in zip(widgets, stored, strict=True):
         _apply(widget, state)
+    if CALCULATORS[title] is comm_calculator:
+        _keep_selected_preset(box)
     return box
+
+
+def _keep_selected_preset(box: Any) -> None:
+    """A stored α–β calculator showing a preset this process does not know ("this machine",
+    measured by an earlier cell) shows that preset's α and β: register them, so that picking
+    the preset again after trying another one restores them. (A machine preset that was
+    offered but not selected cannot be recovered: its values are not in the page.)"""
+    c = box.controls
+    name = c["preset"].value
+    if name != comm_widgets.CUSTOM and name not in comm_widgets.presets():
+        comm_widgets._machine[name] = (c["alpha_us"].value, c["beta_gbps"].value)
 
 
 def stored_output(models: dict[str, Any], box_id: str) -> str:
