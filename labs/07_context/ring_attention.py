@@ -185,7 +185,7 @@ class RingAttention(torch.autograd.Function):
         dq = torch.zeros_like(q)
         own_dk, own_dv = torch.zeros_like(k), torch.zeros_like(v)
         cur_k, cur_v = k, v
-        sends = []  # dK/dV sends: waited for at the end, their buffers stay alive until then
+        pending = []  # dK/dV sends in flight, with their buffers (kept alive until waited for)
         for step in range(c):
             reqs = []
             if step < c - 1:
@@ -215,11 +215,9 @@ class RingAttention(torch.autograd.Function):
                 acc_k[:, :, :k1] += dk_blk
                 acc_v[:, :, :k1] += dv_blk
             if step >= 1:  # on to the next holder; after the last step that is the owner
-                sends += [
-                    dist.isend(acc_k, right, group=group, tag=TAG_DK),
-                    dist.isend(acc_v, right, group=group, tag=TAG_DV),
-                    acc_k,
-                    acc_v,
+                pending += [
+                    (dist.isend(acc_k, right, group=group, tag=TAG_DK), acc_k),
+                    (dist.isend(acc_v, right, group=group, tag=TAG_DV), acc_v),
                 ]
             for req in reqs:
                 req.wait()
@@ -232,8 +230,8 @@ class RingAttention(torch.autograd.Function):
                 req.wait()
             own_dk += home_k
             own_dv += home_v
-        for req in sends[::4] + sends[1::4]:
-            req.wait()
+        for work, _buf in pending:
+            work.wait()
         # END SOLUTION
         return dq, own_dk, own_dv, None, None, None
 
