@@ -208,8 +208,8 @@ class PipelineExecutor:
         self._pending.append((work, t))  # t must stay alive until the send completes
         # END SOLUTION
 
-    # -- the four actions
-    def _forward(self, a: acc.Action) -> None:
+    # -- the four actions; each returns the time it started computing (its input had arrived)
+    def _forward(self, a: acc.Action) -> float:
         k, mb = self._vstage(a), a.microbatch
         stage = self.chunks[a.chunk]
         if k == 0:
@@ -237,7 +237,7 @@ class PipelineExecutor:
             return None  # the scaled loss: autograd starts from 1
         return self._recv(True, a.microbatch, k)
 
-    def _backward(self, a: acc.Action) -> None:
+    def _backward(self, a: acc.Action) -> float:
         k, key = self._vstage(a), (a.microbatch, a.chunk)
         g = self._out_grad(a)
         t0 = time.perf_counter()
@@ -249,7 +249,7 @@ class PipelineExecutor:
         # END SOLUTION
         return t0
 
-    def _backward_input(self, a: acc.Action) -> None:
+    def _backward_input(self, a: acc.Action) -> float:
         k, key = self._vstage(a), (a.microbatch, a.chunk)
         g = self._out_grad(a)
         t0 = time.perf_counter()
@@ -265,7 +265,7 @@ class PipelineExecutor:
         # END SOLUTION
         return t0
 
-    def _backward_weight(self, a: acc.Action) -> None:
+    def _backward_weight(self, a: acc.Action) -> float:
         t0 = time.perf_counter()
         # BEGIN SOLUTION hint: pop the state; for each captured (layer, output) and its stored gradient, torch.autograd.grad(output, the layer's own parameters, grad) and add the result into p.grad (set it when None)
         st = self._state.pop((a.microbatch, a.chunk))

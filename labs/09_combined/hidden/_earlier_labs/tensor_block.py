@@ -31,6 +31,14 @@ Bytes: communication per layer per microbatch ``accounting.comm.tp_volume`` (see
 :mod:`tensor`); saved activations per layer ``accounting.activations.activation_bytes_per_layer``
 with this layer's constants (:func:`activation_kwargs`).
 
+Using it from another lab (e.g. tensor x data parallel)::
+
+    groups = TPGroups.from_world(tp)                 # tp innermost; groups.dp_group for DP
+    cfg = TPConfig(model_cfg, tp, sequence_parallel=True, recompute="selective")
+    model = ParallelGPT(SerialGPT(model_cfg), groups, cfg)
+    model(idx, target, seed).backward()              # seed: the step's dropout seed
+    sync_sequence_parallel_grads(model, groups)      # then reduce gradients over dp_group
+
 In production: Megatron-Core's ``TransformerLayer`` with ``sequence_parallel`` and
 ``recompute_granularity="selective"``; PyTorch: DTensor ``parallelize_module`` plus
 ``torch.utils.checkpoint`` (or selective activation checkpointing policies).
@@ -203,11 +211,11 @@ class ParallelBlock(nn.Module):
         return x + self._dropout(self.mlp(self.ln2(x)), seed, "mlp_out")
 
     def forward(self, x: torch.Tensor, seed: int = 0) -> torch.Tensor:
-        # BEGIN SOLUTION hint: recompute == "full": checkpoint the whole _forward (reentrant, no RNG state: the masks are seeded)
         if self.cfg.recompute == "full":
+            # BEGIN SOLUTION hint: checkpoint the whole _forward (use_reentrant=True; preserve_rng_state=False: the masks are seeded)
             return checkpoint(self._forward, x, seed, use_reentrant=True, preserve_rng_state=False)
+            # END SOLUTION
         return self._forward(x, seed)
-        # END SOLUTION
 
 
 class ParallelGPT(nn.Module):
