@@ -13,6 +13,10 @@ step) and the peak of live tensor bytes of one step (MemoryTrace). Ratios are ou
 PyTorch (below 1.0: ours is faster or smaller). DP x PP is not benchmarked here: lab 05's
 benchmark compares the executor with ``torch.distributed.pipelining``, and the data axis
 adds one all-reduce.
+
+Measured (torch 2.13, CPU/gloo, 4 ranks on 2 shared cores, defaults h=128, ffn=512, 4 layers,
+global batch 8): ours 88 ms, FSDP2 + DTensor 246 ms per step (ratio 0.36: DTensor's per-op
+dispatch dominates at these tensor sizes); peak 5.41 MB vs 5.20 MB (ratio 1.04).
 """
 
 from __future__ import annotations
