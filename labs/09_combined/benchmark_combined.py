@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, default=8)
     a = ap.parse_args(argv)
     res = launch(
-        "_workers_combined:benchmark", 4, steps=a.steps, batch=a.batch, h=a.h,
+        "_pytorch_combined:benchmark", 4, steps=a.steps, batch=a.batch, h=a.h,
         ffn=4 * a.h, layers=a.layers, quiet=True, timeout=600,
     )[0]  # fmt: skip
     print(f"model {res['model']}, 2x2 mesh (dp x tp), global batch {a.batch}, "

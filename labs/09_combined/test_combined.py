@@ -100,7 +100,7 @@ def test_fsdp_tp_state_and_peak_match_accounting(fsdp_tp):
 
 def test_dp_pp_state_and_activation_peak_match_accounting(dp_pp):
     # the whole-step peak of a pipeline stage is reported (peak_ratio), not asserted: see
-    # _workers_combined.dp_pp_memory for the terms accounting does not model
+    # _memory_combined.dp_pp_memory for the terms accounting does not model
     for row in dp_pp["memory"]:
         assert row["state_measured"] == row["state_predicted"], row
         assert abs(row["act_ratio"] - 1) <= PEAK_TOL, row

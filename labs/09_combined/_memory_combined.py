@@ -1,0 +1,230 @@
+"""Memory checks of the combined-layouts lab: per-rank model state and the peak of one AdamW
+step (``MemoryTrace``) against ``shardlab.accounting`` (imported by ``_workers_combined``)."""
+
+from __future__ import annotations
+
+import _labs_path  # noqa: F401  (labs 04, 05 and 06 on sys.path)
+import torch
+from _workers_combined import (
+    DP_PP_MESH,
+    FSDP_TP_MESH,
+    PP_M,
+    PP_MODEL,
+    TP_MODEL,
+    Q,
+    _dp_slice,
+    pp_microbatches,
+    tp_batch,
+)
+from combined import build_axis_groups, dp_pp_pipeline, dp_pp_step, fsdp_tp_backward, fsdp_tp_model
+from shardlab.accounting import memory
+from shardlab.accounting import pipeline as pacc
+from shardlab.accounting.mesh import Mesh
+from shardlab.models import GPT
+from tensor_reference import SerialGPT
+
+
+# ----------------------------------------------------------------- memory
+def _nbytes(ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+def _moments(opt, params) -> list[torch.Tensor]:
+    keep = ("exp_avg", "exp_avg_sq")
+    return [t for p in params for k, t in opt.state.get(p, {}).items() if k in keep]
+
+
+def fsdp_tp_memory(ag=None) -> dict:
+    """Persistent state (after backward: shards, gradients, AdamW moments) and the peak of
+    one AdamW step; every rank returns its row."""
+    from shardlab.dist import MemoryTrace, phase
+
+    mesh = Mesh(**FSDP_TP_MESH)
+    ag = ag or build_axis_groups(mesh)
+    model = fsdp_tp_model(SerialGPT(TP_MODEL), ag)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    idx, tgt = (_dp_slice(z, ag.coords.dp, mesh.dp) for z in tp_batch(0))
+    fsdp_tp_backward(model, idx, tgt)  # warm-up step: the moments exist from now on
+    opt.step()
+    opt.zero_grad()
+    seen = {}
+
+    def mark(*_):  # activations alive when the last block's forward ends (None: keep output)
+        seen.setdefault("units", mt.live_bytes("activations"))
+
+    hook = model.module.blocks[-1].register_forward_hook(mark)
+    with MemoryTrace() as mt:
+        mt.watch(model, opt)
+        mt.tag([f.buffer for u in model.units for f in u.flats], "parameters")
+        mt.tag([idx, tgt], "activations")
+        with phase("forward+backward"):
+            fsdp_tp_backward(model, idx, tgt)
+        held = {"weights": _nbytes(params), "grads": _nbytes([p.grad for p in params]),
+                "moments": _nbytes(_moments(opt, params))}  # fmt: skip
+        with phase("optimizer"):
+            opt.step()
+        opt.zero_grad()
+    hook.remove()
+    tl = mt.timeline()
+    state = memory.model_state(model.padded_numel, mesh.dp, "zero3", "fp32")
+    head = max(tl.bytes["activations"]) - seen["units"]
+    pred = fsdp_tp_predicted_peak(model, mesh, idx.shape[0], head)
+    return {
+        "peak_predicted": pred.total, "peak_ratio": tl.peak / pred.total,
+        "predicted_terms": pred.terms, "predicted_phase": pred.phase_of_peak,
+        "predicted_unit": pred.unit_of_peak,
+        "rank": ag.rank, "held": held, "state_measured": sum(held.values()),
+        "state_predicted": state.total, "peak": tl.peak,
+        "peak_breakdown": {k: v for k, v in tl.peak_breakdown.items() if v},
+        "peak_phase": tl.phases[tl.peak_index], "act_units": seen.get("units"),
+        "act_max": max(tl.bytes["activations"]),
+        "units": [[f.padded for f in u.flats] for u in model.units],
+    }  # fmt: skip
+
+
+def fsdp_tp_predicted_peak(model, mesh: Mesh, b: int, head_bytes: float):
+    """``accounting.peak.predict_peak`` of one AdamW step of the FSDP x TP model on this rank.
+
+    As lab 04's prediction, with the tensor-parallel sizes: ``persistent`` = weight shards +
+    AdamW moments (``model_state(N_tp_padded, D, "zero3", "fp32")`` without its gradients,
+    which ``zero_grad`` frees); one gathered fp32 buffer per block unit (its *tp slice*,
+    ``padded`` elements) alive by the reshard/prefetch schedule, the root's for the whole
+    step (``buffers``); the block's full gradient during its backward; the gradient shards
+    from the end of each unit's backward. Saved activations: ``L`` times
+    ``accounting.activations.activation_bytes_per_layer(s, b, h, a, t, "tp")`` with lab 06's
+    layer constants, plus the int64 batch (tokens and targets). ``backward_workspace``: the
+    vocabulary-parallel loss's two ``(b, s, V/t)`` gradients, ``logits_workspace(b, s, V/t)``.
+    ``head_bytes``: what the final norm, the head and the loss save (measured, as in lab 04).
+    """
+    from shardlab.accounting import activations, peak
+    from tensor_block import activation_kwargs
+
+    m, t = TP_MODEL, mesh.tp
+    blocks = [f.padded * Q for u in model.units[1:] for f in u.flats]
+    shards = [f.shard_numel * Q for u in model.units[1:] for f in u.flats]
+    shards[0] += sum(f.shard_numel * Q for f in model.units[0].flats)  # root: after block 0
+    state = memory.model_state(model.padded_numel, mesh.dp, "zero3", "fp32")
+    per_layer = activations.activation_bytes_per_layer(
+        m.seq, b, m.h, m.a, t, "tp", **activation_kwargs(m, Q)
+    )
+    acts = m.layers * per_layer + 2 * 8 * b * m.seq  # + the int64 tokens and targets
+    cfg = model.config
+    return peak.predict_peak(
+        persistent_bytes=state.total - state.per_object["grads"],
+        unit_bytes=blocks,
+        activation_bytes=acts,
+        buffer_bytes=sum(f.padded * Q for f in model.units[0].flats),
+        prefetch=cfg.prefetch,
+        reshard_after_forward=cfg.reshard_after_forward,
+        grad_unit_bytes=blocks,
+        grad_shard_bytes=shards,
+        backward_workspace_bytes=peak.logits_workspace(b, m.seq, m.vocab // t, Q),
+        backward_workspace_at="before_units",
+        head_activation_bytes=head_bytes,
+        optimizer_workspace_bytes=peak.adam_workspace([p.numel() for p in model.parameters()]),
+    )
+
+
+def dp_pp_memory(kind: str = "1f1b", ag=None) -> dict:
+    """Persistent state and the peak of one AdamW step of this rank's stage; every rank
+    returns its row (with the per-microbatch activation bytes of its stage).
+
+    ``act_ratio``: the peak of saved activations against ``accounting.pipeline.
+    inflight_bytes`` of the schedule (lab 05's check). ``peak_ratio``: the whole peak against
+    :func:`dp_pp_predicted_peak`, which leaves out autograd's backward temporaries and the
+    gradients accumulated by an earlier microbatch's backward (reported, not asserted)."""
+    from shardlab.dist import MemoryTrace, phase
+
+    mesh = Mesh(**DP_PP_MESH)
+    ag = ag or build_axis_groups(mesh)
+    model = GPT(PP_MODEL, seed=0)
+    stage, executor = dp_pp_pipeline(model, ag, kind, PP_M)
+    params = list(stage.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    xs, ys = pp_microbatches(0, ag.coords.dp, mesh.dp)
+    chunk = pp_chunk_bytes(stage, xs, ys, params)
+    dp_pp_step(stage, executor, ag, xs, ys)  # warm-up: moments exist
+    opt.step()
+    opt.zero_grad()
+    with MemoryTrace() as mt:
+        mt.watch(stage, opt)
+        mt.tag(xs + ys, "activations")
+        with phase("pipeline"):
+            executor.step(xs, ys)
+        held = {"weights": _nbytes(params), "grads": _nbytes([p.grad for p in params]),
+                "moments": _nbytes(_moments(opt, params))}  # fmt: skip
+        with phase("dp all-reduce"):
+            from combined import all_reduce_mean
+
+            all_reduce_mean(params, ag.group("dp"))
+        with phase("optimizer"):
+            opt.step()
+        opt.zero_grad()
+    tl = mt.timeline()
+    n_stage = sum(p.numel() for p in params)
+    state = memory.model_state(n_stage, mesh.dp, "ddp", "fp32")
+    pred = dp_pp_predicted_peak(stage, executor, mesh, xs[0].shape[0], chunk)
+    return {
+        "peak_predicted": pred.total, "peak_ratio": tl.peak / pred.total,
+        "predicted_terms": pred.terms, "predicted_phase": pred.phase_of_peak,
+        "chunk_bytes": chunk, "rank": ag.rank,
+        "act_predicted": pacc.inflight_bytes(executor.actions, [chunk]),
+        "act_ratio": max(tl.bytes["activations"]) / pacc.inflight_bytes(executor.actions, [chunk]), "coords": ag.coords.as_dict(), "held": held,
+        "state_measured": sum(held.values()), "state_predicted": state.total, "peak": tl.peak,
+        "peak_breakdown": {k: v for k, v in tl.peak_breakdown.items() if v},
+        "peak_phase": tl.phases[tl.peak_index], "act_max": max(tl.bytes["activations"]),
+        "actions": [str(a) for a in executor.actions],
+    }  # fmt: skip
+
+
+def pp_chunk_bytes(stage, xs, ys, params) -> int:
+    """Saved-activation bytes one microbatch leaves on this stage (forward only, as lab 05
+    measures them; the loss on the last stage; the input counts on later stages)."""
+    from pipeline import microbatch_loss
+    from shardlab.dist import MemoryTrace
+
+    b, s = xs[0].shape
+    with MemoryTrace() as mt:
+        mt.watch(params)  # weights saved by matmuls are parameters, not activations
+        inp = xs[0] if stage.first else torch.zeros(b, s, PP_MODEL.d_model, requires_grad=True)
+        mt.tag([inp], "activations")
+        y = stage(inp)
+        if stage.last:
+            y = microbatch_loss(y, ys[0], PP_M)
+        got = mt.live_bytes("activations")
+    del y
+    return got
+
+
+def dp_pp_predicted_peak(stage, executor, mesh: Mesh, b: int, chunk_bytes: int):
+    """``accounting.peak.predict_peak`` of one AdamW step of this rank's stage.
+
+    ``persistent``: weights + AdamW moments (``model_state(N_stage, D, "ddp", "fp32")``
+    without the gradients, freed by ``zero_grad``); ``activations``: the schedule's in-flight
+    microbatches, ``accounting.pipeline.inflight_bytes(actions, [chunk_bytes])``;
+    ``buffers``: the boundary tensors this rank sends (kept until the step ends) and the
+    receive buffer posted ahead, ``q b s h`` each; the last stage's ``backward_workspace``:
+    ``logits_workspace(b, s, V)``; the gradients join at the optimizer step
+    (``grad_shard_bytes``) with ``adam_workspace``.
+    """
+    from shardlab.accounting import peak
+
+    n_stage = sum(p.numel() for p in stage.parameters())
+    state = memory.model_state(n_stage, mesh.dp, "ddp", "fp32")
+    msg = Q * b * PP_MODEL.seq_len * PP_MODEL.d_model
+    sends = sum(1 for a in executor.actions if a.kind == "F") if not stage.last else 0
+    sends += sum(1 for a in executor.actions if a.kind == "B") if not stage.first else 0
+    return peak.predict_peak(
+        persistent_bytes=state.total - state.per_object["grads"],
+        unit_bytes=[],
+        activation_bytes=pacc.inflight_bytes(executor.actions, [chunk_bytes]),
+        buffer_bytes=(sends + 1) * msg,
+        backward_workspace_bytes=(
+            peak.logits_workspace(b, PP_MODEL.seq_len, PP_MODEL.vocab_size, Q)
+            if stage.last
+            else None
+        ),
+        grad_shard_bytes=state.per_object["grads"],
+        optimizer_workspace_bytes=peak.adam_workspace([p.numel() for p in stage.parameters()]),
+    )
