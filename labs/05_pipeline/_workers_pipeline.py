@@ -64,29 +64,8 @@ def _broadcast_loss(loss, p):
     return t
 
 
-def _memory_trace():
-    """``MemoryTrace`` whose saved-tensor hook hands autograd a detached alias.
-
-    ``MemoryTrace``'s hook returns the saved tensor itself. For a tensor an operation saves
-    from its *own output* (softmax, attention, log-softmax) that makes a cycle through C++
-    (node -> tensor -> grad_fn -> node) which Python's collector cannot see; ``backward``
-    without ``retain_graph`` breaks it by releasing the node's buffers, but the zero-bubble
-    split must retain the graph from BI to BW, so under the plain trace those tensors would
-    never be freed (seen: 85 % of a microbatch's activations stayed after BW). Without the
-    trace they are freed; the detached alias (same storage, counted the same) keeps that.
-    """
-    from shardlab.dist import MemoryTrace
-
-    class _Trace(MemoryTrace):
-        def _pack(self, t):
-            super()._pack(t)
-            return t.detach()
-
-    return _Trace()
-
-
 def train(cfg, kind, p, m, v, n, steps=STEPS, trace=False, layers=None):
-    from shardlab.dist import CommTrace
+    from shardlab.dist import CommTrace, MemoryTrace
 
     mine, named, ex = build(cfg, kind, p, m, v, layers=layers)
     opt = torch.optim.AdamW(list(named.values()), lr=LR, weight_decay=WD)
@@ -98,7 +77,7 @@ def train(cfg, kind, p, m, v, n, steps=STEPS, trace=False, layers=None):
         for c, ch in enumerate(mine):
             k = c * p + dist.get_rank()
             inp = xs[0] if k == 0 else torch.zeros(ex_shape(cfg, n, m)).requires_grad_()
-            with _memory_trace() as mt:
+            with MemoryTrace() as mt:
                 mt.watch(list(named.values()))  # weights saved by matmuls are not activations
                 y = ch(inp)
                 if k == p * v - 1:
@@ -114,7 +93,7 @@ def train(cfg, kind, p, m, v, n, steps=STEPS, trace=False, layers=None):
             out["sent"] = tr.sent_bytes()
             out["sends"] = sum(r.op == "send" for r in tr.records)
         elif trace and step == 1:
-            with _memory_trace() as mt:
+            with MemoryTrace() as mt:
                 mt.watch(list(named.values()))
                 loss = ex.step(xs, ys)
             out["act_peak"] = max(mt.timeline().bytes["activations"])
@@ -327,6 +306,8 @@ def _torch_pipeline(cfg, kind, p, m, v):
 def benchmark(kind, m=8, size="bench", steps=5, n=None):
     """Ours and PyTorch's step (forward + backward over ``m`` microbatches) on the same
     ranks: median step time, peak live bytes (one traced step), loss and gradients."""
+    from shardlab.dist import MemoryTrace
+
     torch.set_num_threads(THREADS)
     cfg, p = config(size), dist.get_world_size()
     v = 2 if kind in ("interleaved", "zb-h1") else 1  # PyTorch's ZB schedule is interleaved
@@ -366,7 +347,7 @@ def benchmark(kind, m=8, size="bench", steps=5, n=None):
             dist.barrier()
             if i:  # the first step warms up (PyTorch infers shapes on it)
                 times.append(time.perf_counter() - t)
-        with _memory_trace() as mt:
+        with MemoryTrace() as mt:
             mt.watch(list(named.values()))
             fn()
         out[name] = {

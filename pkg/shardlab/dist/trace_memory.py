@@ -262,7 +262,12 @@ class MemoryTrace(_LiveStorages, PhaseLabels):
 
     def _pack(self, t):
         self._auto(t, "activations")
-        return t
+        # A detached alias (same storage and version counter, so counted the same): returning
+        # ``t`` itself would, for a tensor an op saves from its own output (softmax, log-softmax,
+        # attention), close a cycle node -> tensor -> grad_fn -> node that Python's collector
+        # cannot see; backward without ``retain_graph`` breaks it, but a retained graph (the
+        # zero-bubble BI/BW split of lab 05) would keep those activations alive for good.
+        return t.detach()
 
     def _grad_hook(self, p):
         if p.grad is not None:
