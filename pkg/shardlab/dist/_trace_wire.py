@@ -33,7 +33,7 @@ class WireColumns:
             rec.wire_note = "overlapped: an asynchronous operation was in flight"
         else:
             _unbox(work).wait()  # the caller waits next anyway; the window must hold it all
-            rec.wire_bytes = self._wire.mark(self.current_phase)
+            rec.wire_bytes = self._wire.settle(self.current_phase)
 
     def wire_bytes(self, phase=None, op=None) -> int | None:
         """Bytes this rank wrote to its sockets (measured; None where not measurable).

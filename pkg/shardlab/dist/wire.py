@@ -34,6 +34,9 @@ Where it is blind
       so a single one cannot be isolated; the trace attributes wire bytes to the phase that is
       open when they are written (per step or per phase, not per op).
     * A socket closed between two snapshots takes its bytes with it.
+    * A backend may still be writing after its work reports completion; the trace closes a
+      blocking collective's window only once the counters have been still for 2 ms (at most
+      50 ms), so late bytes would land in the next window only after a longer stall.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import stat
 import struct
 import sys
 import termios
+import time
 
 __all__ = [
     "available",
@@ -203,6 +207,25 @@ class WireMeter:
         if self.reason is not None or self._last is None:
             return None
         now = snapshot()
+        n = delta(self._last, now) or 0
+        self._last = now
+        key = label or ""
+        self.by_phase[key] = self.by_phase.get(key, 0) + n
+        return n
+
+    def settle(self, label: str | None, quiet_s: float = 0.002, limit_s: float = 0.05):
+        """Like :meth:`mark`, after the counters stopped moving for ``quiet_s`` (at most
+        ``limit_s``): a backend may still be writing when its work reports completion (gloo's
+        TCP loop thread finishes some sends on its own), and those bytes belong here."""
+        if self.reason is not None or self._last is None:
+            return None
+        t0, prev = time.perf_counter(), snapshot()
+        while True:
+            time.sleep(quiet_s)
+            now = snapshot()
+            if now == prev or time.perf_counter() - t0 > limit_s:
+                break
+            prev = now
         n = delta(self._last, now) or 0
         self._last = now
         key = label or ""
