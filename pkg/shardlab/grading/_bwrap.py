@@ -113,7 +113,7 @@ def bwrap_argv(
     ]
     if os.geteuid() == 0:
         args += ["--cap-drop", "ALL"]
-    args += _system_binds() + _python_binds()
+    args += _system_binds()
     args += ["--proc", "/proc", "--dev", "/dev"]
     if cuda:
         for dev in sorted(glob.glob("/dev/nvidia*")):
@@ -121,6 +121,9 @@ def bwrap_argv(
         args += ["--ro-bind", "/sys", "/sys"]
     size = str(int(tmp_bytes))
     args += ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/dev/shm"]
+    # After the private /tmp: an environment that lives under /tmp (a CI checkout, say) is
+    # bound on top of the empty tmpfs instead of being hidden by it.
+    args += _python_binds()
     args += ["--size", size, "--tmpfs", "/grade", "--dir", WORK]
     for name, src in sorted(work_files.items()):
         args += ["--ro-bind", str(src), f"{WORK}/{name}"]
