@@ -157,6 +157,8 @@ def check_collectives(
             case["sent_bytes"] = int(tr.sent_bytes())
             case["ops"] = _p2p_only(tr.records)
             case["n_records"] = len(tr.records)
+            case["wire_bytes"] = tr.wire_bytes()  # measured on the sockets (shardlab.dist.wire)
+            case["sends"], case["recvs"] = tr.count(op="send"), tr.count(op="recv")
         out.append(case)
     return out
 
