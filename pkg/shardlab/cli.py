@@ -6,6 +6,7 @@
     shardlab comm --layout zero3 --params 7e9 --dp 8 --q 2
     shardlab bubble --stages 4 --microbatches 8 [--schedule 1f1b --chunks 2]
     shardlab mesh --gpus 16384 --tp 8 --cp 1 --pp 16 --dp 128 [--rank 12345]
+    shardlab plan [--preset llama3-405b-128k] [--json]
 
 Every number comes from ``shardlab.accounting`` through the same report functions the
 widgets render (``shardlab.widgets.*_report``). Bad input prints one sentence,

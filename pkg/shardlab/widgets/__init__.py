@@ -26,6 +26,7 @@ from .comm import (
 from .memory import memory_calculator, memory_report, render_memory
 from .mesh import mesh_calculator, mesh_report, render_mesh
 from .pipeline import pipeline_calculator, pipeline_report, render_pipeline
+from .planner import planner_calculator, planner_report, render_planner
 
 __all__ = [
     "activations_calculator",
@@ -38,12 +39,15 @@ __all__ = [
     "mesh_calculator",
     "mesh_report",
     "pipeline_calculator",
+    "planner_calculator",
+    "planner_report",
     "pipeline_report",
     "render_activations",
     "render_comm",
     "render_memory",
     "render_mesh",
     "render_pipeline",
+    "render_planner",
     "render_step_volume",
     "set_machine_preset",
     "step_report",

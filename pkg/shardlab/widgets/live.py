@@ -28,6 +28,7 @@ from .comm import comm_calculator
 from .memory import memory_calculator
 from .mesh import mesh_calculator
 from .pipeline import pipeline_calculator
+from .planner import planner_calculator
 
 # Title shown in bold at the top of each calculator -> the function that builds it.
 # tests/test_live_rebuild.py checks that each factory still shows this title.
@@ -37,6 +38,7 @@ CALCULATORS: dict[str, Callable[..., Any]] = {
     "Collectives under the α–β model": comm_calculator,
     "Pipeline schedule and bubble": pipeline_calculator,
     "Device mesh": mesh_calculator,
+    "Layout planner": planner_calculator,
 }
 _SELECTION = ("_options_labels", "index")
 _live: dict[str, Any] = {}  # stored view model id -> rebuilt calculator (keeps them alive)
