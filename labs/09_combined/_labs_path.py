@@ -16,15 +16,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 LABS_DIR = HERE.parent
 EARLIER = ("04_fsdp", "05_pipeline", "06_tensor")
-# the modules lab 09 imports from them, by lab (the grading copies mirror this list)
+# the modules lab 09 imports from them, by lab (rubric.toml's [needs] names the same)
 MODULES = {
     "04_fsdp": ("fsdp.py", "fsdp_units.py"),
     "05_pipeline": ("pipeline.py",),
     "06_tensor": ("tensor.py", "tensor_block.py", "tensor_reference.py", "_workers_tensor.py"),
 }
-# The grader's sandbox holds this lab's folder only; its hidden/_earlier_labs/ (copied to
-# the sandbox as _earlier_labs/) carries the reference modules of the three labs, kept equal
-# to them by test_combined.py::test_grading_copies_of_earlier_labs_are_current.
+# The grader's sandbox holds this lab's folder only; the grader mounts the instructor's
+# modules named in rubric.toml's [needs] read-only as _earlier_labs/ next to it
+# (test_combined.py::test_rubric_needs_names_the_imported_modules keeps the two lists equal).
 GRADING_COPIES = HERE / "_earlier_labs"
 
 for _name in EARLIER:

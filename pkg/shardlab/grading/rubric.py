@@ -11,6 +11,13 @@ Format::
 
 All parametrizations of a test share its points equally. Test files are looked up in the lab
 folder and in its ``hidden/`` folder; every key must name a test function that exists.
+
+A lab built on earlier labs names the modules it imports from them; the grader mounts the
+instructor's copies read-only into the sandbox as ``_earlier_labs/<file>`` (the lab adds that
+folder to ``sys.path`` when the sibling lab folders are absent)::
+
+    [needs]
+    "04_fsdp" = ["fsdp.py", "fsdp_units.py"]
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class Rubric:
     points: dict[str, float]
     lab_dir: Path
     gpu_tests: frozenset[str] = field(default=frozenset())
+    needs: tuple[tuple[str, str], ...] = ()  # (sibling lab, file) mounted as _earlier_labs/file
 
     @property
     def max_points(self) -> float:
@@ -163,7 +171,41 @@ def load_rubric(lab_dir: Path) -> Rubric:
         if name in gpu:
             gpu_tests.add(key)
         clean[key] = float(value)
-    return Rubric(lab, tuple(submit), clean, lab_dir, frozenset(gpu_tests))
+    needs = _needs(path, lab_dir, data.get("needs", {}))
+    return Rubric(lab, tuple(submit), clean, lab_dir, frozenset(gpu_tests), needs)
+
+
+def _needs(path: Path, lab_dir: Path, table) -> tuple[tuple[str, str], ...]:
+    """Validate ``[needs]``: sibling lab folders and plain file names that exist."""
+    if not isinstance(table, dict):
+        raise RubricError(f"{path}: [needs] must be a table of lab = [file names], got {table!r}.")
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for lab, files in sorted(table.items()):
+        if not SAFE_NAME_RE.match(lab) or lab == lab_dir.name:
+            raise RubricError(f"{path}: [needs] entry {lab!r} must name another lab folder.")
+        if not isinstance(files, list) or not files:
+            raise RubricError(f"{path}: [needs] {lab!r} must be a non-empty list, got {files!r}.")
+        for name in files:
+            if (
+                not isinstance(name, str)
+                or not SAFE_NAME_RE.match(name)
+                or not name.endswith(".py")
+            ):
+                raise RubricError(
+                    f"{path}: [needs] {lab!r}: {name!r} must be a plain .py file name."
+                )
+            if not (lab_dir.parent / lab / name).is_file():
+                raise RubricError(
+                    f"{path}: [needs] {lab!r}: {lab_dir.parent / lab / name} does not exist."
+                )
+            if name in seen:
+                raise RubricError(
+                    f"{path}: [needs] names {name!r} twice; module names must be unique."
+                )
+            seen.add(name)
+            out.append((lab, name))
+    return tuple(out)
 
 
 def sandbox_files(rubric: Rubric) -> dict[str, Path]:
@@ -192,4 +234,6 @@ def sandbox_files(rubric: Rubric) -> dict[str, Path]:
                 f"{lab_dir.name}: hidden/{name} has the same name as a public file; rename it."
             )
         files[name] = path
+    for lab, name in rubric.needs:  # earlier labs' reference modules this lab imports
+        files[f"_earlier_labs/{name}"] = lab_dir.parent / lab / name
     return files
