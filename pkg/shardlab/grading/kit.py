@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shutil
 import zipfile
 from importlib import metadata
 from pathlib import Path
 
 import shardlab
 
-from .release import ZIP_DATE, ReleaseError, find_blocks, release
+from .release import ReleaseError, clear_out_dir, find_blocks, release, write_member
 
 # What a student's environment needs to run the labs, their notebooks and public tests.
 STUDENT_PACKAGES = (
@@ -193,14 +192,7 @@ def release_kit(
     first = labs[0] if labs else "01_collectives"
     extra["README.md"] = README.replace("{first_lab}", first).encode()
     extra["pytest.ini"] = PYTEST_INI.encode()
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not force:
-            raise ReleaseError(
-                f"output folder {out_dir} is not empty; pass --force to replace its contents."
-            )
-        if out_dir.resolve() in (labs_dir.resolve(), *labs_dir.resolve().parents):
-            raise ReleaseError(f"refusing to clear {out_dir}: it contains the labs folder.")
-        shutil.rmtree(out_dir)
+    clear_out_dir(labs_dir, out_dir, force)
     manifest = {f"labs/{k}": v for k, v in release(labs_dir, out_dir / "labs").items()}
     for rel, data in sorted(extra.items()):
         target = out_dir / rel
@@ -210,8 +202,5 @@ def release_kit(
     if zip_kit:
         with zipfile.ZipFile(out_dir.with_suffix(".zip"), "w", zipfile.ZIP_DEFLATED) as zf:
             for rel in sorted(manifest):
-                info = zipfile.ZipInfo(f"{out_dir.name}/{rel}", date_time=ZIP_DATE)
-                info.external_attr = 0o644 << 16
-                info.compress_type = zipfile.ZIP_DEFLATED
-                zf.writestr(info, (out_dir / rel).read_bytes())
+                write_member(zf, f"{out_dir.name}/{rel}", (out_dir / rel).read_bytes())
     return dict(sorted(manifest.items()))

@@ -175,6 +175,26 @@ def released_files(labs_dir: Path) -> dict[str, bytes]:
     return files
 
 
+def clear_out_dir(labs_dir: Path, out_dir: Path, force: bool) -> None:
+    """Refuse a non-empty ``out_dir`` unless ``force``; never clear a folder holding the labs."""
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not force:
+            raise ReleaseError(
+                f"output folder {out_dir} is not empty; pass --force to replace its contents."
+            )
+        if out_dir.resolve() in (labs_dir.resolve(), *labs_dir.resolve().parents):
+            raise ReleaseError(f"refusing to clear {out_dir}: it contains the labs folder.")
+        shutil.rmtree(out_dir)
+
+
+def write_member(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
+    """One zip member with a fixed timestamp and mode, so two zips of the same files are equal."""
+    info = zipfile.ZipInfo(name, date_time=ZIP_DATE)
+    info.external_attr = 0o644 << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    zf.writestr(info, data)
+
+
 def release(labs_dir: Path, out_dir: Path, *, zip_labs: bool = False, force: bool = False) -> dict:
     """Write the student copy of every lab of ``labs_dir`` into ``out_dir``.
 
@@ -186,14 +206,7 @@ def release(labs_dir: Path, out_dir: Path, *, zip_labs: bool = False, force: boo
     if not labs_dir.is_dir():
         raise ReleaseError(f"labs folder {labs_dir} does not exist.")
     files = released_files(labs_dir)  # validate everything before writing anything
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not force:
-            raise ReleaseError(
-                f"output folder {out_dir} is not empty; pass --force to replace its contents."
-            )
-        if out_dir.resolve() in (labs_dir.resolve(), *labs_dir.resolve().parents):
-            raise ReleaseError(f"refusing to clear {out_dir}: it contains the labs folder.")
-        shutil.rmtree(out_dir)
+    clear_out_dir(labs_dir, out_dir, force)
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = {}
     for rel, data in files.items():
@@ -206,8 +219,5 @@ def release(labs_dir: Path, out_dir: Path, *, zip_labs: bool = False, force: boo
             members = [(rel, data) for rel, data in files.items() if rel.startswith(lab.name + "/")]
             with zipfile.ZipFile(out_dir / f"{lab.name}.zip", "w", zipfile.ZIP_DEFLATED) as zf:
                 for rel, data in members:
-                    info = zipfile.ZipInfo(rel, date_time=ZIP_DATE)
-                    info.external_attr = 0o644 << 16
-                    info.compress_type = zipfile.ZIP_DEFLATED
-                    zf.writestr(info, data)
+                    write_member(zf, rel, data)
     return manifest
