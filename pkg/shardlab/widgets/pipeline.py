@@ -40,6 +40,21 @@ def resolve_kind(kind: str, v: int) -> str:
     return "interleaved" if kind == "1f1b" and isinstance(v, int) and v > 1 else kind
 
 
+def _closed_forms(kind, pp, mm, v_closed, cc):
+    """Bubble ratio, idle fraction, utilization and idle time per stage (None for zb-h1 when
+    its closed form is undefined, BW > F + BI: the simulator is then the only answer)."""
+    try:
+        btime = acc.bubble_time(kind, pp, cc, v_closed)
+    except ValueError:
+        btime = None
+    return (
+        acc.bubble_ratio(pp, mm, v_closed),
+        acc.idle_fraction(pp, mm, v_closed),
+        acc.utilization(pp, mm, v_closed),
+        btime,
+    )
+
+
 def pipeline_report(
     kind: str = "1f1b",
     p: Any = 4,
@@ -63,13 +78,7 @@ def pipeline_report(
         return _closed_form_report(kind, pp, mm, vv, v_closed, cc, delay, n_actions)
     sched = acc.schedule(kind, pp, mm, vv)
     sim = acc.simulate(sched, pp, cc, delay)
-    ratio = acc.bubble_ratio(pp, mm, v_closed)
-    idle = acc.idle_fraction(pp, mm, v_closed)
-    util = acc.utilization(pp, mm, v_closed)
-    try:
-        btime = acc.bubble_time(kind, pp, cc, v_closed)
-    except ValueError:  # zb-h1 closed form undefined for BW > F + BI: show the simulator only
-        btime = None
+    ratio, idle, util, btime = _closed_forms(kind, pp, mm, v_closed, cc)
 
     def closed(x: float) -> str:  # the (p-1)/(v m) family does not describe zero bubble
         return "n/a" if kind == "zb-h1" else fmt_pct(x)
@@ -153,13 +162,7 @@ def _closed_form_report(
     n_actions: int,
 ) -> Report:
     """The closed forms alone, for schedules too large to simulate interactively."""
-    ratio = acc.bubble_ratio(pp, mm, v_closed)
-    idle = acc.idle_fraction(pp, mm, v_closed)
-    util = acc.utilization(pp, mm, v_closed)
-    try:
-        btime = acc.bubble_time(kind, pp, cc, v_closed)
-    except ValueError:
-        btime = None
+    ratio, idle, util, btime = _closed_forms(kind, pp, mm, v_closed, cc)
     na = "n/a" if kind == "zb-h1" else None
     why = (
         f"Not simulated: this schedule has {n_actions:,} actions, more than the "
