@@ -3,7 +3,7 @@
 Each lab's student module (``collectives``, ``ddp``, ``zero``, ``fsdp``) and its worker
 helpers (``_workers_<topic>``) are imported by plain module name, by the public tests next
 to them and by the hidden tests in ``labs/NN_topic/hidden/``, whatever folder pytest was
-started from. (Ranks started by ``shardlab.dist.launch`` get the worker module's own folder
+started from. (Ranks started by ``shardlab.runtime.launch`` get the worker module's own folder
 on their path from the launcher.) Module names are unique across labs, so putting every
 lab folder on the path cannot shadow anything.
 """

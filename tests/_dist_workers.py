@@ -11,7 +11,7 @@ import time
 def env_report(tag="x", scale=1):
     import torch
     import torch.distributed as dist
-    from shardlab.dist import device
+    from shardlab.runtime import device
 
     t = torch.ones(3) * (dist.get_rank() + 1) * scale
     dist.all_reduce(t)
@@ -98,7 +98,7 @@ def spawn_grandchild_and_hang():
 
 
 def slow(seconds=1.0, steps=4):
-    from shardlab.dist import report_progress
+    from shardlab.runtime import report_progress
 
     for i in range(steps):
         time.sleep(seconds / steps)
@@ -125,7 +125,7 @@ def print_then_raise():
 def trace_collectives(numel=12):
     import torch
     import torch.distributed as dist
-    from shardlab.dist import CommTrace
+    from shardlab.runtime import CommTrace
 
     d, r = dist.get_world_size(), dist.get_rank()
     with CommTrace() as tr:
@@ -165,7 +165,7 @@ def trace_collectives(numel=12):
 def trace_ddp():
     import torch
     import torch.distributed as dist
-    from shardlab.dist import CommTrace
+    from shardlab.runtime import CommTrace
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
@@ -184,7 +184,7 @@ def trace_ddp():
 def trace_fsdp2():
     import torch
     import torch.distributed as dist
-    from shardlab.dist import CommTrace
+    from shardlab.runtime import CommTrace
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -205,8 +205,8 @@ def trace_fsdp2():
 
 def memory_ddp(steps=1):
     import torch
-    from shardlab.dist import CommTrace, MemoryTrace, phase
     from shardlab.models import GPT, GPTConfig, make_batch
+    from shardlab.runtime import CommTrace, MemoryTrace, phase
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     cfg = GPTConfig(vocab_size=32, seq_len=8, n_layer=2, n_head=2, d_model=16)
@@ -237,8 +237,8 @@ def overhead(steps=6, d_model=64, seq_len=32, batch=8):
     import time
 
     import torch
-    from shardlab.dist import CommTrace, MemoryTrace
     from shardlab.models import GPT, GPTConfig, make_batch
+    from shardlab.runtime import CommTrace, MemoryTrace
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     cfg = GPTConfig(vocab_size=64, seq_len=seq_len, n_layer=2, n_head=4, d_model=d_model)

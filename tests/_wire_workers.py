@@ -17,8 +17,8 @@ def collectives(numel=NUMEL):
     """Every collective once, blocking, inside a CommTrace; plus checks of the counter."""
     import torch
     import torch.distributed as dist
-    from shardlab.dist import CommTrace
-    from shardlab.dist.wire import socket_bytes_written
+    from shardlab.runtime import CommTrace
+    from shardlab.runtime.wire import socket_bytes_written
 
     d, r = dist.get_world_size(), dist.get_rank()
     x = torch.ones(numel)
@@ -75,7 +75,7 @@ def student_ring(sizes):
     if lab not in sys.path:
         sys.path.insert(0, lab)
     import collectives as C
-    from shardlab.dist import CommTrace
+    from shardlab.runtime import CommTrace
 
     d, r = dist.get_world_size(), dist.get_rank()
     out = []

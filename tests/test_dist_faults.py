@@ -1,4 +1,4 @@
-"""Fault injection for shardlab.dist.launch: every failure is reported, no process survives.
+"""Fault injection for shardlab.runtime.launch: every failure is reported, no process survives.
 
 Each fault is repeated ``SHARDLAB_FAULT_REPEATS`` times (default 2 to keep the suite fast;
 ``SHARDLAB_FAULT_REPEATS=10`` for the full check)."""
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import _dist_workers as w  # noqa: E402
 from _dist_util import assert_no_survivors  # noqa: E402
-from shardlab.dist import LaunchTimeout, RankError, launch  # noqa: E402
+from shardlab.runtime import LaunchTimeout, RankError, launch  # noqa: E402
 
 REPEATS = int(os.environ.get("SHARDLAB_FAULT_REPEATS", "2"))
 

@@ -1,4 +1,4 @@
-"""Happy-path tests of shardlab.dist.launch (2-4 gloo ranks on CPU)."""
+"""Happy-path tests of shardlab.runtime.launch (2-4 gloo ranks on CPU)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import _dist_workers as w  # noqa: E402
 from _dist_util import assert_no_survivors  # noqa: E402
-from shardlab.dist import launch  # noqa: E402
+from shardlab.runtime import launch  # noqa: E402
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

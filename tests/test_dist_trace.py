@@ -12,8 +12,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 import _dist_workers as w  # noqa: E402
-from shardlab.dist import MemoryTrace, launch, phase, plot_memory  # noqa: E402
 from shardlab.models import GPT, GPTConfig, make_batch  # noqa: E402
+from shardlab.runtime import MemoryTrace, launch, phase, plot_memory  # noqa: E402
 
 V = 12  # elements; divisible by 2, 3 and 4
 

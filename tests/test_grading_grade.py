@@ -128,7 +128,7 @@ def test_report_files(toy):
 
 
 def test_dist_lab_reference_stub_planted_gloo(tmp_path):
-    """The multi-process lab (shardlab.dist.launch, gloo): 3 sandboxes with 2 ranks each."""
+    """The multi-process lab (shardlab.runtime.launch, gloo): 3 sandboxes with 2 ranks each."""
     bug = _submissions(tmp_path / "subs", "02_toydist", "distmean.py")
     results = grade(
         FIXTURE_LABS,

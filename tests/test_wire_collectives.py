@@ -1,7 +1,7 @@
 """Wire bytes of torch.distributed collectives on gloo: measured = gloo's own algorithm.
 
 Each rank runs every collective on a 1.2 MB fp32 tensor inside a ``CommTrace`` and we compare
-the bytes it wrote to its sockets (``shardlab.dist.wire``) with
+the bytes it wrote to its sockets (``shardlab.runtime.wire``) with
 ``shardlab.accounting.wire.gloo_sent_bytes`` (payload of the algorithm gloo really runs).
 
 Stated overhead: gloo's TCP transport writes a 48-byte preamble per message and 48-byte
@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _wire_workers as w  # noqa: E402
 from shardlab import accounting as acc  # noqa: E402
 from shardlab.accounting.wire import GLOO_PREAMBLE_BYTES  # noqa: E402
-from shardlab.dist import CommTrace, launch  # noqa: E402
-from shardlab.dist.wire import WireMeter, not_measurable_reason  # noqa: E402
+from shardlab.runtime import CommTrace, launch  # noqa: E402
+from shardlab.runtime.wire import WireMeter, not_measurable_reason  # noqa: E402
 
 V = w.NUMEL * 4  # bytes of the full tensor
 CONTROL_MAX = {"reduce_scatter_list": 8192}  # every other collective: 4096

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _wire_workers as w  # noqa: E402
 from shardlab import accounting as acc  # noqa: E402
 from shardlab.accounting.wire import GLOO_PREAMBLE_BYTES, gloo_p2p_control_bytes  # noqa: E402
-from shardlab.dist import launch  # noqa: E402
+from shardlab.runtime import launch  # noqa: E402
 
 SIZES = [12_000, 1001]  # divisible by 2, 3 and 4; and not
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "labs" / "04_fsdp")
 
 from shardlab import accounting as acc  # noqa: E402
 from shardlab.accounting.wire import GLOO_PREAMBLE_BYTES  # noqa: E402
-from shardlab.dist import launch  # noqa: E402
+from shardlab.runtime import launch  # noqa: E402
 
 D, Q = 2, 4
 PER_COLLECTIVE = 1024  # bytes of control allowed per collective

@@ -1,4 +1,4 @@
-"""Rank-side checks of Lab 01, launched by the tests and the notebook via ``shardlab.dist.launch``.
+"""Rank-side checks of Lab 01, launched by the tests and the notebook via ``shardlab.runtime.launch``.
 
 Each worker runs on every rank, calls the student's ring collectives on many sizes in one
 launch (starting ranks is the slow part), compares them with ``torch.distributed``'s own
@@ -124,7 +124,7 @@ def check_collectives(
         # all-reduce, traced: values, identical bits on every rank, bytes, only p2p ops
         tr = None
         if trace:
-            from shardlab.dist import CommTrace
+            from shardlab.runtime import CommTrace
 
             tr = CommTrace()
         if tr is not None:
@@ -157,7 +157,7 @@ def check_collectives(
             case["sent_bytes"] = int(tr.sent_bytes())
             case["ops"] = _p2p_only(tr.records)
             case["n_records"] = len(tr.records)
-            case["wire_bytes"] = tr.wire_bytes()  # measured on the sockets (shardlab.dist.wire)
+            case["wire_bytes"] = tr.wire_bytes()  # measured on the sockets (shardlab.runtime.wire)
             case["sends"], case["recvs"] = tr.count(op="send"), tr.count(op="recv")
         out.append(case)
     return out
@@ -198,7 +198,7 @@ def a2a_splits(world: int, seed: int = 0, max_rows: int = 5) -> list[list[int]]:
 
 def check_all_to_all(seeds=(0, 1, 2), width: int = 3) -> list[dict]:
     """Student ``all_to_all`` against ``dist.all_to_all_single`` with uneven splits, traced."""
-    from shardlab.dist import CommTrace
+    from shardlab.runtime import CommTrace
 
     rank, world = dist.get_rank(), dist.get_world_size()
     out = []

@@ -11,7 +11,7 @@ the features taken from ``accounting.comm`` (one copy of every formula).
 
 Workflow (the lab notebook does this)::
 
-    from shardlab.dist import launch
+    from shardlab.runtime import launch
     import alpha_beta as ab
     per_rank = launch(ab.sweep_worker, 2, ab.DEFAULT_SIZES, reps=5)
     sweep = ab.merge_ranks(per_rank)              # slowest rank per size
@@ -49,7 +49,7 @@ def sweep_worker(
     """
     import torch
     import torch.distributed as dist
-    from shardlab.dist import device
+    from shardlab.runtime import device
 
     ops = {"dist": lambda t: dist.all_reduce(t)}
     if "ring" in impls:

@@ -14,7 +14,7 @@ import collectives as C
 import pytest
 import torch
 from shardlab.accounting.comm import ring_sent_bytes
-from shardlab.dist import launch
+from shardlab.runtime import launch
 
 # divisible and non-divisible by 2, 3, 4; smaller than D; a few larger
 SIZES = [1, 2, 3, 4, 5, 7, 12, 13, 64, 1000, 1001, 4099]

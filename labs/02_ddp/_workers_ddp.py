@@ -138,7 +138,7 @@ def model_state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str,
 
 def measure(kind: str = "plain", bucket_size_mb: float | None = 0.001, microbatches: int = 4):
     """Model-state bytes and bytes sent per step / per accumulated update (AdamW, fp32)."""
-    from shardlab.dist import CommTrace
+    from shardlab.runtime import CommTrace
 
     torch.set_num_threads(1)
     model = tiny_gpt(kind)
@@ -212,7 +212,7 @@ def profile_step(
     :func:`predicted_peak` uses: ``n_state`` (= ``n_params``), ``stepped`` (numel of each
     tensor AdamW steps) and ``logits_shape`` (``(b, s, V)`` of this rank's fp32 logits).
     """
-    from shardlab.dist import MemoryTrace
+    from shardlab.runtime import MemoryTrace
 
     torch.set_num_threads(1)
     model, wrapped, finish = _build(impl, size, bucket_size_mb)

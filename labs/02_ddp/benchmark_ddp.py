@@ -29,14 +29,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from shardlab.dist import launch  # noqa: E402
+from shardlab.runtime import launch  # noqa: E402
 
 
 def peaks(size: str = "bench", bucket_size_mb: float = 25.0, n: int = 8) -> dict:
     """Rank function: peak bytes of one step for each side, built inside both meters."""
     import torch
     from _workers_ddp import DDP
-    from shardlab.dist import MemoryTrace, phase
     from shardlab.models import (
         lm_loss,
         make_optimizer,
@@ -45,6 +44,7 @@ def peaks(size: str = "bench", bucket_size_mb: float = 25.0, n: int = 8) -> dict
         tiny_gpt,
         train_step,
     )
+    from shardlab.runtime import MemoryTrace, phase
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)

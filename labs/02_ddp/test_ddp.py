@@ -27,7 +27,7 @@ import torch
 from _workers_ddp import CASES, STEPS, make_model, predicted_peak
 from ddp import DDP, DDPConfig, make_buckets, unique_trainable_params
 from shardlab.accounting import comm, memory
-from shardlab.dist import launch
+from shardlab.runtime import launch
 
 EPS = torch.finfo(torch.float32).eps
 TOL = {"rtol": 16 * EPS * STEPS, "atol": 16 * EPS * STEPS}

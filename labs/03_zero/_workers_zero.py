@@ -165,7 +165,7 @@ def _moments(opt: torch.optim.Optimizer) -> dict[str, int]:
 
 def measure(kind: str = "plain", bucket_size_mb: float = 0.001, microbatches: int = 4) -> dict:
     """Model-state bytes and bytes sent per step / per accumulated update, ZeRO-1 and ZeRO-2."""
-    from shardlab.dist import CommTrace
+    from shardlab.runtime import CommTrace
 
     torch.set_num_threads(1)
     cls, kw = OPTIMIZERS["adamw"]
@@ -289,7 +289,7 @@ def profile_step(
     for ZeRO-1, ``N_pad`` for ZeRO-2), ``stepped`` (numel of each tensor this rank's AdamW
     steps), ``buckets`` (bytes of each ZeRO-2 gradient bucket) and ``logits_shape``
     (``(b, s, V)`` of this rank's fp32 logits)."""
-    from shardlab.dist import MemoryTrace
+    from shardlab.runtime import MemoryTrace
 
     torch.set_num_threads(1)
     model, fwd, opt, finish = _build(impl, size, bucket_size_mb)

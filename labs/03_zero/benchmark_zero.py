@@ -28,7 +28,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from shardlab.dist import launch  # noqa: E402
+from shardlab.runtime import launch  # noqa: E402
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ import pytest
 import torch
 from _workers_zero import STEPS, ZERO1_CASES, ZERO2_CASES, predicted_peak
 from shardlab.accounting import comm, memory
-from shardlab.dist import launch
+from shardlab.runtime import launch
 from zero1 import assign_owners
 from zero2 import ZeRO2Config
 

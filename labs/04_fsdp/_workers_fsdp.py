@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 from fsdp import FSDP, FSDPConfig
 from shardlab.accounting import comm, memory
-from shardlab.dist import CommTrace
 from shardlab.models import (
     OPTIMIZERS,
     SIZES,
@@ -29,6 +28,7 @@ from shardlab.models import (
     split_microbatches,
     tiny_gpt,
 )
+from shardlab.runtime import CommTrace
 from torch import nn
 
 SIZE = "two-block"  # shardlab.models.SIZES: 2 blocks, so root + 2 units
@@ -330,7 +330,7 @@ def _saved(mt, seen: dict, *_) -> None:
 
 def memory_rows(world: int) -> list[dict]:
     """Peak live bytes of one step (MemoryTrace) for reshard/prefetch on/off vs predict_peak."""
-    from shardlab.dist import MemoryTrace, phase
+    from shardlab.runtime import MemoryTrace, phase
 
     rows, timelines = [], {}
     x, y = make_batches(1, seed=10)[0]
@@ -439,7 +439,7 @@ def extra_checks() -> dict | None:
 
 def benchmark(steps: int = 10, batch: int = 8, **cfg) -> dict | None:
     """Step time (median) and peak live bytes: ours vs FSDP2 on the same model and data."""
-    from shardlab.dist import MemoryTrace
+    from shardlab.runtime import MemoryTrace
 
     x, y = make_batches(1, batch=batch, seed=11)[0]
     x, y = rank_slice(x), rank_slice(y)

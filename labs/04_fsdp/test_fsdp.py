@@ -22,7 +22,7 @@ import torch
 from _workers_fsdp import LR
 from fsdp import FSDPConfig, blocks_policy, build_units
 from fsdp_units import padded_numel
-from shardlab.dist import launch
+from shardlab.runtime import launch
 from torch import nn
 
 ADAMW_ZERO_GRAD_TOL = LR["adamw"] / 100

@@ -65,7 +65,7 @@ def _broadcast_loss(loss, p):
 
 
 def train(cfg, kind, p, m, v, n, steps=STEPS, trace=False, layers=None):
-    from shardlab.dist import CommTrace, MemoryTrace
+    from shardlab.runtime import CommTrace, MemoryTrace
 
     mine, named, ex = build(cfg, kind, p, m, v, layers=layers)
     opt = torch.optim.AdamW(list(named.values()), lr=LR, weight_decay=WD)
@@ -130,7 +130,7 @@ def check_all(size="test", m=4, n=8, schedules=SCHEDULES, trace=True, layers=Non
 def launch_checks(p: int, m: int = 4, schedules=SCHEDULES, size="test", **kw):
     """Validate every ``(kind, p, m, v, n_layer)`` (a ``ValueError`` naming the values, before
     any rank starts), then run :func:`check_all` on ``p`` ranks."""
-    from shardlab.dist import launch
+    from shardlab.runtime import launch
 
     for kind, v in schedules:
         acc.check_pipeline(kind, p, m, v, None if kw.get("layers") else config(size).n_layer)
@@ -306,7 +306,7 @@ def _torch_pipeline(cfg, kind, p, m, v):
 def benchmark(kind, m=8, size="bench", steps=5, n=None):
     """Ours and PyTorch's step (forward + backward over ``m`` microbatches) on the same
     ranks: median step time, peak live bytes (one traced step), loss and gradients."""
-    from shardlab.dist import MemoryTrace
+    from shardlab.runtime import MemoryTrace
 
     torch.set_num_threads(THREADS)
     cfg, p = config(size), dist.get_world_size()
@@ -382,7 +382,7 @@ def timed_all(m=8, schedules=SCHEDULES, steps=3, layers=None, size="timing"):
 
 def measure_schedules(p=2, m=8, schedules=SCHEDULES, steps=3, layers=None, size="timing"):
     """Launch :func:`timed_all` on ``p`` ranks and :func:`analyse` every schedule."""
-    from shardlab.dist import launch
+    from shardlab.runtime import launch
 
     runs = launch(
         "_workers_pipeline:timed_all", p, m, schedules, steps, layers, size, quiet=True,

@@ -26,7 +26,7 @@ KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    from shardlab.dist import launch
+    from shardlab.runtime import launch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=2)

@@ -25,8 +25,8 @@ from _workers_pipeline import SCHEDULES, compare, config, launch_checks, referen
 from pipeline import PipeConfig, split_stages
 from shardlab.accounting import comm
 from shardlab.accounting import pipeline as acc
-from shardlab.dist import RankError, launch
 from shardlab.models import GPT
+from shardlab.runtime import RankError, launch
 
 M, B_MB = 4, 2  # microbatches per step, sequences per microbatch (global batch 8)
 

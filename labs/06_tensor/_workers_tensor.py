@@ -13,7 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 from shardlab.accounting import activations, comm
-from shardlab.dist import CommTrace, MemoryTrace
+from shardlab.runtime import CommTrace, MemoryTrace
 from tensor import TPGroups
 from tensor_block import (
     ParallelBlock,

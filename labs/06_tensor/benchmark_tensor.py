@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    from shardlab.dist import launch
+    from shardlab.runtime import launch
     from tensor_block import TPConfig
     from tensor_reference import ModelConfig
 

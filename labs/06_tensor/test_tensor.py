@@ -13,7 +13,7 @@ wrong operator gives (a missing or doubled all-reduce changes results by their o
 from __future__ import annotations
 
 import pytest
-from shardlab.dist import launch
+from shardlab.runtime import launch
 from tensor import TPGroups
 from tensor_block import TPConfig
 from tensor_reference import ModelConfig

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from attention_blocks import _box
 from ring_attention import CPConfig
 from shardlab.accounting import context
-from shardlab.dist import CommTrace, MemoryTrace
+from shardlab.runtime import CommTrace, MemoryTrace
 
 VARIANTS = {"ring": ra.ring_attention, "all_gather": ra.allgather_attention}
 Q_BYTES = 4  # fp32

@@ -18,7 +18,7 @@ import pytest
 import torch
 from _workers_context import compare, memory_prediction, predicted_bytes
 from ring_attention import CPConfig, merge_partials, shard, shard_positions, unshard
-from shardlab.dist import launch
+from shardlab.runtime import launch
 
 TOL = 1e-5
 

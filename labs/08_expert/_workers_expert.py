@@ -1,4 +1,4 @@
-"""Rank-side checks of Lab 08, launched by the tests and the notebook via ``shardlab.dist.launch``.
+"""Rank-side checks of Lab 08, launched by the tests and the notebook via ``shardlab.runtime.launch``.
 
 Every rank rebuilds the same global batch (all ranks' tokens, rank 0's first) and the same
 weights from a seed, runs the student's expert-parallel layer on its own slice, and compares
@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from shardlab.accounting import expert as acc
 from shardlab.accounting.mesh import Mesh, moe_fold
-from shardlab.dist import CommTrace, launch
+from shardlab.runtime import CommTrace, launch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def main(argv: list[str] | None = None) -> list[dict]:
     from moe import MoEConfig
-    from shardlab.dist import launch
+    from shardlab.runtime import launch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=2)

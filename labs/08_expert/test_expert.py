@@ -18,7 +18,7 @@ import moe as M
 import pytest
 import torch
 from shardlab.accounting import expert as acc
-from shardlab.dist import launch
+from shardlab.runtime import launch
 
 CFG = M.MoEConfig(hidden=8, ffn=16, num_experts=4, top_k=2, capacity_factor=1.0, ep=2)
 CFG_SKEW = M.MoEConfig(hidden=8, ffn=12, num_experts=6, top_k=1, capacity_factor=0.75, ep=2)

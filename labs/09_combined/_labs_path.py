@@ -2,7 +2,7 @@
 
 Lab 09 composes the reference modules of labs 04 (``fsdp``), 05 (``pipeline``) and 06
 (``tensor``, ``tensor_block``, ``tensor_reference``). Under pytest ``labs/conftest.py``
-already does this; ranks started by ``shardlab.dist.launch`` only get this folder, so the
+already does this; ranks started by ``shardlab.runtime.launch`` only get this folder, so the
 modules here import this one before the others. Module names are unique across labs, so
 nothing is shadowed. In a student kit these are the student's own modules of labs 04-06:
 lab 09 needs them finished.

@@ -37,7 +37,7 @@ def _moments(opt, params) -> list[torch.Tensor]:
 def fsdp_tp_memory(ag=None) -> dict:
     """Persistent state (after backward: shards, gradients, AdamW moments) and the peak of
     one AdamW step; every rank returns its row."""
-    from shardlab.dist import MemoryTrace, phase
+    from shardlab.runtime import MemoryTrace, phase
 
     mesh = Mesh(**FSDP_TP_MESH)
     ag = ag or build_axis_groups(mesh)
@@ -134,7 +134,7 @@ def dp_pp_memory(kind: str = "1f1b", ag=None) -> dict:
     inflight_bytes`` of the schedule (lab 05's check). ``peak_ratio``: the whole peak against
     :func:`dp_pp_predicted_peak`, which leaves out autograd's backward temporaries and the
     gradients accumulated by an earlier microbatch's backward (reported, not asserted)."""
-    from shardlab.dist import MemoryTrace, phase
+    from shardlab.runtime import MemoryTrace, phase
 
     mesh = Mesh(**DP_PP_MESH)
     ag = ag or build_axis_groups(mesh)
@@ -182,7 +182,7 @@ def pp_chunk_bytes(stage, xs, ys, params) -> int:
     """Saved-activation bytes one microbatch leaves on this stage (forward only, as lab 05
     measures them; the loss on the last stage; the input counts on later stages)."""
     from pipeline import microbatch_loss
-    from shardlab.dist import MemoryTrace
+    from shardlab.runtime import MemoryTrace
 
     b, s = xs[0].shape
     with MemoryTrace() as mt:

@@ -98,7 +98,7 @@ def benchmark(steps: int = 10, batch: int = 8, **model_kw) -> dict | None:
     model and data. ``batch`` is global (``batch / dp`` per dp rank)."""
     import time
 
-    from shardlab.dist import MemoryTrace
+    from shardlab.runtime import MemoryTrace
 
     cfg = ModelConfig(**{**TP_MODEL.__dict__, **model_kw})
     mesh = Mesh(**FSDP_TP_MESH)

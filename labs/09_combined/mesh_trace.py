@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 from shardlab.accounting.mesh import AXES, Mesh
-from shardlab.dist import CommTrace
+from shardlab.runtime import CommTrace
 
 
 def axis_of_ranks(mesh: Mesh) -> dict[tuple[int, ...], str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 from combined import AxisGroups, dp_pp_pipeline, fsdp_tp_model
 from shardlab.accounting.mesh import Mesh
-from shardlab.dist import launch
+from shardlab.runtime import launch
 
 PARAM_TOL, LOSS_TOL = 1e-6, 1e-5
 

@@ -1,10 +1,10 @@
 """``python -m shardlab.run module:function [ARGS...] [--nproc N] [--backend B] [--timeout S]``
 
 Runs a worker function on N ranks, the same function a lab notebook passes to
-:func:`shardlab.dist.launch`.
+:func:`shardlab.runtime.launch`.
 
 * On a laptop or a single node: ``python -m shardlab.run _workers_ddp:benchmark --nproc 4 steps=10``
-  starts the ranks through :func:`shardlab.dist.launch` and prints every rank's return value.
+  starts the ranks through :func:`shardlab.runtime.launch` and prints every rank's return value.
 * Under ``torchrun`` (the environment already holds ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``MASTER_ADDR``, ``MASTER_PORT``)::
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args, kwargs = parse_values(rest)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    from shardlab.dist.launch import _locate, _resolve, init_from_env, launch
+    from shardlab.runtime.launch import _locate, _resolve, init_from_env, launch
 
     if _under_torchrun():
         import torch.distributed as dist

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # lab folder
 
 import _workers_collectives as W  # noqa: E402
-from shardlab.dist import launch  # noqa: E402
+from shardlab.runtime import launch  # noqa: E402
 
 DTYPES = ["float64", "bfloat16", "int32", "int64_large"]
 UNEVEN3 = [1, 2, 4, 5, 8, 10, 11, 100, 101, 3001, 3002]  # none divisible by 3

@@ -9,7 +9,7 @@ import pytest
 import torch
 from _workers_zero import STEPS
 from shardlab.accounting import comm, memory
-from shardlab.dist import launch
+from shardlab.runtime import launch
 
 EPS = torch.finfo(torch.float32).eps
 TOL = {"rtol": 16 * EPS * STEPS, "atol": 16 * EPS * STEPS}

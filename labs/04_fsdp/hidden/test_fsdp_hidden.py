@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from shardlab.dist import launch
+from shardlab.runtime import launch
 
 # FSDP2 runs the same arithmetic (fp32 all-gather, sum reduce-scatter, / D) on 2 ranks; we
 # allow the full-batch tolerances of test_fsdp.py in case its division order differs.

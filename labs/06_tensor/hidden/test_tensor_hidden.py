@@ -4,7 +4,7 @@ collectives, training steps, and a second model: no dropout, other widths, one l
 from __future__ import annotations
 
 import pytest
-from shardlab.dist import launch
+from shardlab.runtime import launch
 
 # fp32 rounding of sums in another order (see test_tensor.py); DTensor's weight gradients
 # are sums over b*s tokens of an O(1) loss weight: seen 3.9e-6 for values of size ~10.

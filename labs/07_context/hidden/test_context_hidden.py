@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from _workers_context import GQA_CASES, compare, memory_prediction, predicted_bytes, reference
 from ring_attention import CPConfig, unshard
-from shardlab.dist import launch
+from shardlab.runtime import launch
 
 TOL = 1e-5
 

@@ -4,7 +4,7 @@ PyTorch's FSDP2 + DTensor on the same 2x2 mesh, DP x PP with the GPipe schedule)
 from __future__ import annotations
 
 import pytest
-from shardlab.dist import launch
+from shardlab.runtime import launch
 
 # the same arithmetic as the public FSDP x TP test, so the same bound (see test_combined.py)
 PARAM_TOL = 1e-6

@@ -3,12 +3,12 @@
 :func:`shardlab.accounting.comm.ring_sent_bytes` is the textbook ring: the bytes an
 algorithm *should* need. Libraries choose their own algorithms, and on the wire the
 difference can be a factor of two. This module holds the per-rank payload of the algorithms
-that the backends really run, so that measured wire bytes (``shardlab.dist.wire``) can be
+that the backends really run, so that measured wire bytes (``shardlab.runtime.wire``) can be
 compared with a formula instead of with a guess. ``V`` is the full tensor as in
 ``accounting.comm`` (all-gather output, reduce-scatter input, all-reduce tensor, one rank's
 all-to-all input, broadcast tensor), ``D`` the group size, ``c = (D-1)/D``.
 
-gloo (torch 2.x ``ProcessGroupGloo``, TCP transport; measured with ``shardlab.dist.wire``)::
+gloo (torch 2.x ``ProcessGroupGloo``, TCP transport; measured with ``shardlab.runtime.wire``)::
 
     all_reduce       2 V c      ring: reduce-scatter pass + all-gather pass
     reduce_scatter   2 V c      implemented as an all-reduce of the whole input, after which

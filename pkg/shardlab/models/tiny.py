@@ -144,9 +144,9 @@ def train_step(model: nn.Module, optimizer, batch, finish=None) -> torch.Tensor:
     """One training step on ``batch`` ``(idx, targets)``: ``optimizer.zero_grad()``, then
     forward with :func:`lm_loss`, backward, ``finish()`` (e.g. a wrapper's
     ``finish_gradient_synchronization``; ``None``: nothing) and ``optimizer.step()`` inside
-    :func:`shardlab.dist.phase` ``"forward"``, ``"backward"`` and ``"optimizer"``. Returns
+    :func:`shardlab.runtime.phase` ``"forward"``, ``"backward"`` and ``"optimizer"``. Returns
     the loss."""
-    from shardlab.dist import phase
+    from shardlab.runtime import phase
 
     optimizer.zero_grad()
     with phase("forward"):

@@ -1,4 +1,4 @@
-"""Rank functions for the distmean tests (importable, so shardlab.dist.launch can run them)."""
+"""Rank functions for the distmean tests (importable, so shardlab.runtime.launch can run them)."""
 
 import distmean
 import torch

@@ -1,6 +1,6 @@
 import _workers_distmean
 import pytest
-from shardlab.dist import launch
+from shardlab.runtime import launch
 
 
 def test_mean_two_ranks():

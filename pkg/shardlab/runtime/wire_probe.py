@@ -1,12 +1,12 @@
 """Rank functions that show what a backend really sends and how long it takes (chapter 1).
 
-``launch("shardlab.dist.wire_probe:collective_wire", D, numel)`` runs every collective once
+``launch("shardlab.runtime.wire_probe:collective_wire", D, numel)`` runs every collective once
 on an fp32 tensor (blocking, each in its own phase of a :class:`CommTrace`) and returns one
 row per collective with the ring model (``accounting.comm.ring_sent_bytes``), the backend's
 own algorithm (``accounting.wire.backend_sent_bytes``) and the bytes this rank really wrote
-to its sockets (:mod:`shardlab.dist.wire`; None where not measurable, e.g. nccl).
+to its sockets (:mod:`shardlab.runtime.wire`; None where not measurable, e.g. nccl).
 
-``launch("shardlab.dist.wire_probe:time_collectives", D, sizes)`` times ``all_reduce`` and
+``launch("shardlab.runtime.wire_probe:time_collectives", D, sizes)`` times ``all_reduce`` and
 ``reduce_scatter_tensor`` over the same full-tensor sizes (the fastest of ``reps`` after
 ``warmup``: on a shared machine other processes only ever add time), for fitting α and β per
 collective.
@@ -40,7 +40,7 @@ def collective_wire(numel: int = 1 << 20) -> list[dict]:
     """On each rank: ring model, backend algorithm and wire bytes of every collective."""
     import torch.distributed as dist
 
-    from shardlab.dist import CommTrace, device
+    from shardlab.runtime import CommTrace, device
 
     d, r = dist.get_world_size(), dist.get_rank()
     if numel % d:
@@ -77,7 +77,7 @@ def time_collectives(
     import torch
     import torch.distributed as dist
 
-    from shardlab.dist import device
+    from shardlab.runtime import device
 
     dev = device()
     d = dist.get_world_size()

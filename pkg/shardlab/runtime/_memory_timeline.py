@@ -1,9 +1,9 @@
-"""The bookkeeping behind :class:`~shardlab.dist.trace_memory.MemoryTrace`.
+"""The bookkeeping behind :class:`~shardlab.runtime.trace_memory.MemoryTrace`.
 
 :class:`_LiveStorages` keeps the live set (one entry per tensor storage: category, bytes,
 ``weakref.finalize``), the bytes per category after every event, the phase markers and the
 peak; :class:`MemoryTimeline` is its picklable result. What is counted and how categories are
-assigned is described in :mod:`shardlab.dist.trace_memory`.
+assigned is described in :mod:`shardlab.runtime.trace_memory`.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _inner_tensors(t):
 
 class _LiveStorages:
     """The live set of storages by category, the event timeline and the peak; the base of
-    :class:`~shardlab.dist.trace_memory.MemoryTrace`, which feeds it from a dispatch mode."""
+    :class:`~shardlab.runtime.trace_memory.MemoryTrace`, which feeds it from a dispatch mode."""
 
     def __init__(self):
         self._lock = threading.RLock()

@@ -19,7 +19,7 @@ _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 def plot_memory(timelines, predicted_peak=None, unit="KiB", title=None, axes=None, x="event"):
     """Stacked area of live bytes by category, one panel per rank.
 
-    ``timelines``: a :class:`~shardlab.dist.trace_memory.MemoryTimeline` (or MemoryTrace) or a
+    ``timelines``: a :class:`~shardlab.runtime.trace_memory.MemoryTimeline` (or MemoryTrace) or a
     list of them (rank order). ``predicted_peak``: bytes, drawn as a dashed horizontal line
     (a number, or a list with one per rank). ``x``: ``"event"`` (event index, deterministic)
     or ``"time"`` (seconds). Returns the matplotlib Figure."""

@@ -1,16 +1,16 @@
-"""The wire columns of :class:`~shardlab.dist.trace_comm.CommTrace` (internal mixin).
+"""The wire columns of :class:`~shardlab.runtime.trace_comm.CommTrace` (internal mixin).
 
-What is measured and where it is blind: :mod:`shardlab.dist.wire`. This mixin decides, per
+What is measured and where it is blind: :mod:`shardlab.runtime.wire`. This mixin decides, per
 operation, whether its bytes can be isolated (a blocking collective while none of the trace's
 asynchronous operations is in flight) and offers the summaries. It expects the trace's
-``records``, ``_wire`` (a :class:`~shardlab.dist.wire.WireMeter`), ``_inflight``, ``_pending``,
+``records``, ``_wire`` (a :class:`~shardlab.runtime.wire.WireMeter`), ``_inflight``, ``_pending``,
 ``current_phase`` and ``select``.
 """
 
 from __future__ import annotations
 
-from shardlab.dist._comm_table import format_wire_table, wire_rows
-from shardlab.dist.wire import not_measurable_reason
+from shardlab.runtime._comm_table import format_wire_table, wire_rows
+from shardlab.runtime.wire import not_measurable_reason
 
 
 class WireColumns:

@@ -16,8 +16,8 @@ import signal
 import subprocess
 import time
 
-from shardlab.dist._errors import LaunchTimeout, RankError
-from shardlab.dist._output import _print_outputs, _Progress, _read_output
+from shardlab.runtime._errors import LaunchTimeout, RankError
+from shardlab.runtime._output import _print_outputs, _Progress, _read_output
 
 
 def _kill_tree(procs: list[subprocess.Popen]) -> None:

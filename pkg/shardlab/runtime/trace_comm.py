@@ -1,8 +1,8 @@
 """CommTrace: count every collective and point-to-point operation a rank issues.
 
-Usage (inside a rank started by :func:`shardlab.dist.launch`)::
+Usage (inside a rank started by :func:`shardlab.runtime.launch`)::
 
-    from shardlab.dist import CommTrace
+    from shardlab.runtime import CommTrace
     with CommTrace() as tr:
         with tr.phase("forward"):
             loss = model(x).sum()
@@ -41,7 +41,7 @@ Backend bytes and wire bytes (added fields; the ones above are unchanged)
     ``shardlab.accounting.wire.backend_sent_bytes`` (gloo: reduce-scatter is an all-reduce of
     the whole input, 2x the ring model; broadcast is a binomial tree, the root sends
     ``ceil(log2 D)`` copies and leaves none). ``wire_bytes``: what this rank *measurably*
-    wrote to its TCP sockets during the operation (:mod:`shardlab.dist.wire`: Linux
+    wrote to its TCP sockets during the operation (:mod:`shardlab.runtime.wire`: Linux
     ``TCP_INFO`` counters; stdout and file writes are not sockets and do not count), for a
     blocking collective issued while no asynchronous operation of the trace is in flight — the
     trace then waits for it inside the call, so the window holds this collective alone.
@@ -96,7 +96,7 @@ Overhead
     inside the call, which the caller would do next anyway.
 
 The operator tables and the rule that turns one call into a :class:`CommRecord` (sent bytes
-included) are in :mod:`shardlab.dist._comm_ops`; this module holds the dispatch mode and the
+included) are in :mod:`shardlab.runtime._comm_ops`; this module holds the dispatch mode and the
 summaries.
 """
 
@@ -105,17 +105,17 @@ from __future__ import annotations
 import time
 import weakref
 
-from shardlab.dist import _phase
-from shardlab.dist._comm_ops import _C10D, _FUNCOL, CommRecord, _build_record, _flat
-from shardlab.dist._comm_table import format_table, sent_table
-from shardlab.dist._phase import PhaseLabels, phase
-from shardlab.dist._trace_wire import WireColumns, _backend_reason
-from shardlab.dist.wire import WireMeter, not_measurable_reason
+from shardlab.runtime import _phase
+from shardlab.runtime._comm_ops import _C10D, _FUNCOL, CommRecord, _build_record, _flat
+from shardlab.runtime._comm_table import format_table, sent_table
+from shardlab.runtime._phase import PhaseLabels, phase
+from shardlab.runtime._trace_wire import WireColumns, _backend_reason
+from shardlab.runtime.wire import WireMeter, not_measurable_reason
 
 __all__ = ["CommTrace", "CommRecord", "phase", "OVERHEAD", "sent_table", "format_table"]
 
 # Filled from a measurement on the development machine (2 shared cores, 2 gloo ranks, tiny GPT
-# step with DDP): time(with trace) / time(without). See shardlab.dist.trace_memory.OVERHEAD.
+# step with DDP): time(with trace) / time(without). See shardlab.runtime.trace_memory.OVERHEAD.
 OVERHEAD: dict[str, float] = {
     # median step time with the trace / without; 2 gloo ranks on a shared 2-core CPU machine,
     # one DDP training step (forward, backward, Adam) of shardlab.models.GPT, n_layer=2
@@ -131,7 +131,7 @@ class CommTrace(PhaseLabels, WireColumns):
     """Record every ``torch.distributed`` operation issued on this rank inside ``with``.
 
     ``records``: list of :class:`CommRecord`. ``phase(name)``: context manager labelling the
-    records issued inside it (``shardlab.dist.phase`` labels every active trace at once).
+    records issued inside it (``shardlab.runtime.phase`` labels every active trace at once).
     ``sent_bytes(phase=None, op=None)``, ``count(...)``, ``summary()``, ``table()``;
     measured: ``wire_bytes(phase=None, op=None)``, ``backend_bytes(...)``, ``wire_table()``,
     ``wire_note`` (None, or why the wire is not measurable here).

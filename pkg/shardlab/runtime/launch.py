@@ -1,7 +1,7 @@
 """Run a function on N ranks from a notebook, a script or a test, and get every rank's result.
 
 ``launch(fn, nprocs, *args, **kwargs)`` starts ``nprocs`` fresh Python processes
-(``python -m shardlab.dist._child``; never ``fork``), gives each the environment ``torchrun``
+(``python -m shardlab.runtime._child``; never ``fork``), gives each the environment ``torchrun``
 would give (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``), initialises the default process group in each, calls ``fn(*args, **kwargs)``
 there and returns the list of return values in rank order.
@@ -69,11 +69,11 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from shardlab.dist._errors import LaunchError, LaunchTimeout, RankError
-from shardlab.dist._importable import _locate
-from shardlab.dist._importable import _resolve as _resolve  # used by _child and shardlab.run
-from shardlab.dist._output import report_progress
-from shardlab.dist._supervise import _kill_tree, _supervise
+from shardlab.runtime._errors import LaunchError, LaunchTimeout, RankError
+from shardlab.runtime._importable import _locate
+from shardlab.runtime._importable import _resolve as _resolve  # used by _child and shardlab.run
+from shardlab.runtime._output import report_progress
+from shardlab.runtime._supervise import _kill_tree, _supervise
 
 __all__ = [
     "launch",
@@ -270,7 +270,7 @@ def launch(
             try:
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "shardlab.dist._child", run_dir, str(r)],
+                        [sys.executable, "-m", "shardlab.runtime._child", run_dir, str(r)],
                         stdin=subprocess.DEVNULL,
                         stdout=out,
                         stderr=subprocess.STDOUT,

@@ -1,6 +1,6 @@
-"""Entry point of one rank started by :func:`shardlab.dist.launch` (internal).
+"""Entry point of one rank started by :func:`shardlab.runtime.launch` (internal).
 
-Run as ``python -m shardlab.dist._child RUN_DIR RANK``.  The parent wrote the function's
+Run as ``python -m shardlab.runtime._child RUN_DIR RANK``.  The parent wrote the function's
 location and the pickled arguments into ``RUN_DIR/payload.pkl`` and put the torchrun
 environment variables into our environment.  This process:
 
@@ -67,7 +67,7 @@ def main(run_dir: str, rank: int) -> int:
     warnings.filterwarnings(
         "ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning
     )
-    from shardlab.dist.launch import _init_process_group_from_env, _resolve
+    from shardlab.runtime.launch import _init_process_group_from_env, _resolve
 
     with open(os.path.join(run_dir, "payload.pkl"), "rb") as f:
         payload = pickle.load(f)

@@ -1,4 +1,4 @@
-"""The communication operators :class:`~shardlab.dist.trace_comm.CommTrace` recognises, and
+"""The communication operators :class:`~shardlab.runtime.trace_comm.CommTrace` recognises, and
 how one call becomes a :class:`CommRecord`.
 
 ``_C10D`` maps each ``c10d`` dispatcher operator (what ``torch.distributed`` calls reach) and
@@ -7,7 +7,7 @@ argument that holds the *full* tensor. :func:`_build_record` reads the group siz
 count, bytes and peer from a bound call and computes the per-rank sent bytes with
 ``shardlab.accounting.comm.ring_sent_bytes`` (the only formula; see the trace_comm docstring)
 and the bytes of the backend's own algorithm with ``shardlab.accounting.wire``
-(``backend_bytes``). ``wire_bytes`` is filled in by the trace from :mod:`shardlab.dist.wire`.
+(``backend_bytes``). ``wire_bytes`` is filled in by the trace from :mod:`shardlab.runtime.wire`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class CommRecord:
     peer: int | None = None  # destination/source rank for send/recv, root for rooted ops
     start: float = 0.0  # seconds since the trace began
     index: int = 0
-    # added for the wire column (shardlab.dist.wire); the fields above are unchanged
+    # added for the wire column (shardlab.runtime.wire); the fields above are unchanged
     backend: str = ""  # the process group's backend, e.g. "gloo"
     backend_bytes: float | None = None  # payload of the backend's algorithm (accounting.wire)
     wire_bytes: int | None = None  # measured socket bytes of this op alone (blocking ops)

@@ -2,7 +2,7 @@
 
 Usage (inside a rank)::
 
-    from shardlab.dist import MemoryTrace, phase
+    from shardlab.runtime import MemoryTrace, phase
     with MemoryTrace() as mt:
         mt.watch(model, optimizer)          # parameters, gradients, optimizer state
         with phase("forward"):
@@ -72,19 +72,19 @@ import contextlib
 import threading
 import time
 
-from shardlab.dist import _phase
-from shardlab.dist._memory_timeline import (
+from shardlab.runtime import _phase
+from shardlab.runtime._memory_timeline import (
     CATEGORIES,
     MemoryTimeline,
     _inner_tensors,
     _LiveStorages,
 )
-from shardlab.dist._phase import PhaseLabels, phase
+from shardlab.runtime._phase import PhaseLabels, phase
 
 __all__ = ["MemoryTrace", "MemoryTimeline", "CATEGORIES", "phase", "OVERHEAD"]
 
 # time(step with traces) / time(step without); filled in from measure_overhead() on the
-# development machine (see the report in the module docstring of shardlab.dist).
+# development machine (see the report in the module docstring of shardlab.runtime).
 OVERHEAD: dict[str, float] = {
     # median step time with the trace / without; same setup as trace_comm.OVERHEAD
     "tiny d_model=64 seq_len=32 batch=8 (step ~24 ms)": 5.0,  # measured 4.6-10 (noisy)
@@ -121,7 +121,7 @@ def _patched_resize(self, size):
 
 class MemoryTrace(_LiveStorages, PhaseLabels):
     """Per-rank live-storage accounting; see the module docstring (the bookkeeping itself is
-    in :mod:`shardlab.dist._memory_timeline`)."""
+    in :mod:`shardlab.runtime._memory_timeline`)."""
 
     def __init__(self, cuda_snapshot: str | None = None, track_inputs: bool = True):
         super().__init__()

@@ -1,4 +1,4 @@
-"""Plain-text tables of :class:`~shardlab.dist.trace_comm.CommTrace` (internal).
+"""Plain-text tables of :class:`~shardlab.runtime.trace_comm.CommTrace` (internal).
 
 :func:`format_table` is the trace's original table (ring-model bytes per phase and op);
 :func:`wire_rows` / :func:`format_wire_table` put the measured wire bytes beside the ring

@@ -1,4 +1,4 @@
-"""The exceptions :func:`shardlab.dist.launch` raises when a run fails (re-exported there)."""
+"""The exceptions :func:`shardlab.runtime.launch` raises when a run fails (re-exported there)."""
 
 from __future__ import annotations
 
