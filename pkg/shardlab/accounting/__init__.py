@@ -69,6 +69,7 @@ from .peak import (
     predict_layout_peak,
     predict_peak,
 )
+    fsdp_padded_numel,
 from .pipeline import (
     ACTION_KINDS,
     KINDS,
@@ -150,6 +151,7 @@ __all__ = [
     "predict_layout_peak",
     "predict_peak",
     "ring_sent_bytes",
+    "fsdp_padded_numel",
     "rounds",
     "schedule",
     "sent_bytes",

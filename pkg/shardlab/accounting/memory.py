@@ -40,6 +40,7 @@ buffers, workspaces and allocator overhead are **not** model state; see :mod:`.p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from . import _validate as v
@@ -198,6 +199,40 @@ def model_state(
         total = n * rec.bytes_of(obj)
         per_object[obj] = total / d if obj in sharded else float(total)
     return StateBreakdown(layout, rec, n, d, per_object, sharded)
+
+
+PAD_MODES = ("flat", "per_param")
+
+
+def fsdp_padded_numel(shapes, dp: int, mode: str = "per_param") -> int:
+    """Elements an FSDP unit stores over all ranks once padded so every rank holds the same.
+
+    ``shapes``: the shapes of the unit's (distinct) parameters; ``dp``: ranks ``D``.
+
+    * ``"flat"`` (FSDP1, lab 04's ``FlatParam``): the parameters are concatenated into one
+      vector of ``n = sum(numel)`` elements padded to ``ceil(n / D) * D``; at most ``D - 1``
+      padding elements per unit.
+    * ``"per_param"`` (FSDP2, ``fully_shard``): each parameter of shape ``(d0, *rest)`` is
+      padded on dim 0 to ``ceil(d0 / D) * D`` rows: ``sum ceil(d0/D) * D * prod(rest)``; up to
+      ``(D - 1) * prod(rest)`` padding elements per parameter (a 0-d parameter counts as
+      ``(1,)``).
+
+    Each rank holds ``fsdp_padded_numel(...) / D`` elements (use it as ``N`` in
+    :func:`model_state` with layout ``"zero3"`` and in ``comm.step_volume``).
+    """
+    d = v.positive_int("dp", dp)
+    mode = v.choice("mode", mode, PAD_MODES)
+    if isinstance(shapes, str) or not hasattr(shapes, "__iter__"):
+        raise ValueError(f"shapes={shapes!r} must be a list of parameter shapes")
+    dims = []
+    for i, shape in enumerate(shapes):
+        if isinstance(shape, str) or not hasattr(shape, "__iter__"):
+            raise ValueError(f"shapes[{i}]={shape!r} must be a shape (a tuple of sizes)")
+        dims.append([v.nonneg_int(f"shapes[{i}][{j}]", x) for j, x in enumerate(shape)] or [1])
+    if mode == "flat":
+        n = sum(math.prod(s) for s in dims)
+        return -(-n // d) * d
+    return sum(-(-s[0] // d) * d * math.prod(s[1:]) for s in dims)
 
 
 def state_table(
