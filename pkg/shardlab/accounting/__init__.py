@@ -56,6 +56,7 @@ from .memory import (
     GiB,
     Recipe,
     StateBreakdown,
+    fsdp_padded_numel,
     get_recipe,
     model_state,
     state_table,
@@ -69,7 +70,6 @@ from .peak import (
     predict_layout_peak,
     predict_peak,
 )
-    fsdp_padded_numel,
 from .pipeline import (
     ACTION_KINDS,
     KINDS,
@@ -137,6 +137,7 @@ __all__ = [
     "kv_heads_per_rank",
     "expert",
     "fsdp_gathered_units_alive",
+    "fsdp_padded_numel",
     "get_recipe",
     "grad_accum_volume",
     "idle_fraction",
@@ -151,7 +152,6 @@ __all__ = [
     "predict_layout_peak",
     "predict_peak",
     "ring_sent_bytes",
-    "fsdp_padded_numel",
     "rounds",
     "schedule",
     "sent_bytes",
