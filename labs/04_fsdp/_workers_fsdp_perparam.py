@@ -1,0 +1,267 @@
+"""Functions every rank runs for the per-parameter FSDP tests, chapter and benchmark.
+
+The references and the comparison helpers are those of ``_workers_fsdp`` (flat units), so
+both modes are checked against the same single-process runs and the same FSDP2 run.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from _workers_fsdp import (
+    STEPS,
+    accumulate,
+    compare,
+    make_batches,
+    make_model,
+    named,
+    reference_split,
+    train_fsdp,
+    train_fsdp2,
+)
+from fsdp import FSDP
+from fsdp_perparam import MixedPrecision, PerParamConfig, PerParamFSDP, WrapPolicy, add_cast_hooks
+from shardlab.accounting import comm, memory
+from shardlab.models import lm_loss, make_optimizer, rank_slice
+from shardlab.runtime import CommTrace
+from torch import nn
+
+LEAVES = WrapPolicy((nn.Linear, nn.Embedding))  # every Linear and Embedding is a unit
+BF16_NORMS_FP32 = MixedPrecision(torch.bfloat16, torch.float32, (nn.LayerNorm,))
+CLIP = 0.05  # max gradient norm in the clipping runs (the gradients here are ~0.3-1: it clips)
+
+
+def train_pp(kind, opt, cfg=None, steps=STEPS, clip=None, **model_cfg):
+    """Per-parameter FSDP; the optimizer is built on ``model.parameters()`` (the shards)."""
+    model = PerParamFSDP(make_model(kind, **model_cfg), dist.group.WORLD, cfg or PerParamConfig())
+    o = make_optimizer(opt, model.parameters())
+    for x, y in make_batches(steps):
+        accumulate(model, rank_slice(x), rank_slice(y))
+        if clip is not None:
+            model.clip_grad_norm_(clip)
+        o.step()
+        o.zero_grad()
+    return model, o
+
+
+def reference_clipped(kind: str, opt: str, clip: float, steps: int = STEPS):
+    """One process, whole batch, ``torch.nn.utils.clip_grad_norm_`` before every step."""
+    model = make_model(kind)
+    o = make_optimizer(opt, model.parameters())
+    norms = []
+    for x, y in make_batches(steps):
+        lm_loss(model, x, y).backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
+        o.step()
+        o.zero_grad()
+    return named(model), norms
+
+
+def reference_mixed(kind: str, opt: str, world: int, mp: MixedPrecision, steps: int = STEPS):
+    """``reference_split`` with the policy's casts: fp32 for its replicated modules, the
+    compute dtype elsewhere; gradients summed in fp32 and divided by D."""
+    model = make_model(kind)
+    o = make_optimizer(opt, model.parameters())
+    for x, y in make_batches(steps):
+        total = None
+        for r in range(world):
+            low = copy.deepcopy(model)
+            for m in low.modules():
+                if not isinstance(m, mp.fp32_replicated):
+                    for p in m.parameters(recurse=False):
+                        p.data = p.data.to(mp.param_dtype)
+            add_cast_hooks(low, mp)
+            lm_loss(low, *rank_slice((x, y), r, world)).backward()
+            g = [p.grad.to(mp.reduce_dtype).float() for p in low.parameters()]
+            total = g if total is None else [a + b for a, b in zip(total, g)]
+        for p, g in zip(model.parameters(), total):
+            p.grad = g / world
+        o.step()
+        o.zero_grad()
+    return named(model)
+
+
+def registered(model: PerParamFSDP) -> dict:
+    """What ``model.module`` exposes: names, shapes and dtypes of parameters and grads."""
+    return {
+        n: (tuple(p.shape), p.dtype, None if p.grad is None else (tuple(p.grad.shape), p.grad.dtype))
+        for n, p in model.module.named_parameters()
+    }
+
+
+def state_bytes(model, opt) -> dict:
+    """Bytes this rank holds in ``model.parameters()``, their grads and the Adam moments."""
+    ps = list(model.parameters())
+    moments = [t for p in ps for k, t in opt.state.get(p, {}).items() if k != "step"]
+    nb = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    return {
+        "weights": nb(ps),
+        "grads": nb([p.grad for p in ps if p.grad is not None]),
+        "moments": nb(moments),
+    }
+
+
+def n_padded(model) -> int:
+    """N_pad of either mode, from the accounting formula applied to the unit shapes."""
+    if isinstance(model, PerParamFSDP):
+        shapes = [s.shape for u in model.units for s in u.slots]
+        return memory.fsdp_padded_numel(shapes, model.world, "per_param")
+    return sum(
+        memory.fsdp_padded_numel([sl.shape for sl in f.slots], model.world, "flat")
+        for u in model.units
+        for f in u.flats
+    )
+
+
+def mode_row(mode: str, world: int) -> dict:
+    """One fp32 AdamW step of a mode: bytes sent and held against accounting, collectives."""
+    x, y = make_batches(1, seed=7)[0]
+    train = train_pp if mode == "per-param" else train_fsdp
+    model, opt = train("plain", "adamw", None, 1)
+    with CommTrace() as tr:
+        accumulate(model, rank_slice(x), rank_slice(y))
+    held = state_bytes(model, opt)
+    opt.step()
+    opt.zero_grad()
+    n = sum(p.numel() for p in make_model("plain").parameters())
+    npad = n_padded(model)
+    sent_pred = comm.step_volume("zero3", npad, world, 4)
+    state_pred = memory.model_state(npad, world, "zero3", "fp32").total
+    return {
+        "mode": mode,
+        "units": len(model.units),
+        "N": n,
+        "N_padded": npad,
+        "padding": npad - n,
+        "N_padded_wrapper": model.padded_numel,
+        "all_gathers": tr.count(op="all_gather"),
+        "reduce_scatters": tr.count(op="reduce_scatter"),
+        "other_collectives": len(tr.select()) - tr.count(op="all_gather")
+        - tr.count(op="reduce_scatter"),
+        "sent_bytes": tr.sent_bytes(),
+        "sent_predicted": sent_pred,
+        "state_bytes": sum(held.values()),
+        "state_predicted": state_pred,
+        "state_dict_keys": len(model.module.state_dict()),
+        "wrapper_state_dict_keys": len(model.state_dict()),
+    }
+
+
+def check_perparam(level: str = "full") -> dict | None:
+    """Every correctness, byte and policy check of one launch; rank 0 returns the report."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rep: dict = {"world": world, "runs": {}}
+    kinds = ("plain", "tied", "frozen") if level == "full" else ("plain", "tied")
+    for kind in kinds:
+        for opt in ("adamw", "sgd"):
+            model, _ = train_pp(kind, opt)
+            sd = model.full_state_dict()
+            if rank == 0:
+                rep["runs"][(kind, opt)] = {
+                    "split": compare(sd, reference_split(kind, opt, world)),
+                    "full": compare(sd, reference_full_cached(kind, opt)),
+                    "units": [u.name for u in model.units],
+                }
+    model, _ = train_pp("plain", "adamw")
+    model(make_batches(1)[0][0][:1])[0].sum().backward()
+    model.finish_gradient_synchronization()
+    rep["registered"] = registered(model)
+    rep["original"] = {n: tuple(p.shape) for n, p in make_model("plain").named_parameters()}
+    rep["modes"] = [mode_row("flat", world), mode_row("per-param", world)]
+    # gradient clipping through model.parameters(): global norm, all-reduced
+    clipped, _ = train_pp("plain", "sgd", clip=CLIP)
+    sd = clipped.full_state_dict()
+    if rank == 0:
+        want, norms = reference_clipped("plain", "sgd", CLIP)
+        rep["clip"] = {**compare(sd, want), "reference_norms": norms}
+    # wrap policy: every Linear and Embedding a unit; mixed precision with fp32 norms
+    leaves = PerParamConfig(wrap=LEAVES)
+    leaf_model = train_pp("plain", "adamw", leaves)[0]
+    sd = leaf_model.full_state_dict()
+    mixed_cfg = PerParamConfig(wrap=LEAVES, mp=BF16_NORMS_FP32)
+    mixed, _ = train_pp("plain", "adamw", mixed_cfg)
+    sdm = mixed.full_state_dict()
+    if rank == 0:
+        rep["leaves"] = {
+            "units": [u.name for u in leaf_model.units],
+            **compare(sd, reference_split("plain", "adamw", world)),
+        }
+        rep["mixed"] = {
+            "split": compare(sdm, reference_mixed("plain", "adamw", world, BF16_NORMS_FP32)),
+            "full_fp32": compare(sdm, reference_full_cached("plain", "adamw")),
+            "replicated": sorted(n for _, al in mixed.replicated for _, _, n in al),
+            "units": [u.name for u in mixed.units],
+            "dtypes": {n: p.dtype for n, p in mixed.module.named_parameters()},
+        }
+    return rep if rank == 0 else None
+
+
+_REF: dict = {}
+
+
+def reference_full_cached(kind: str, opt: str) -> dict:
+    from _workers_fsdp import reference_full
+
+    if (kind, opt) not in _REF:
+        _REF[(kind, opt)] = reference_full(kind, opt)
+    return _REF[(kind, opt)]
+
+
+def compare_fsdp2() -> dict | None:
+    """Per-parameter FSDP vs FSDP2 after STEPS steps (AdamW and SGD, plain and tied)."""
+    out = {}
+    for kind in ("plain", "tied"):
+        for opt in ("adamw", "sgd"):
+            ours = train_pp(kind, opt)[0].full_state_dict()
+            theirs = train_fsdp2(kind, opt)[0]
+            sd = {
+                n: p.full_tensor().detach().clone()
+                for n, p in theirs.named_parameters(remove_duplicate=False)
+            }
+            out[(kind, opt)] = compare(ours, sd)
+    return out if dist.get_rank() == 0 else None
+
+
+def timed_steps(model, opt, x, y, steps: int) -> list[float]:
+    out = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        lm_loss(model, x, y).backward()
+        if isinstance(model, (FSDP, PerParamFSDP)):
+            model.finish_gradient_synchronization()
+        opt.step()
+        opt.zero_grad()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def benchmark(steps: int = 10, batch: int = 8, **cfg) -> dict | None:
+    """Median step time and peak live bytes: flat units, per-parameter and FSDP2."""
+    from shardlab.runtime import MemoryTrace
+
+    x, y = make_batches(1, batch=batch, seed=11)[0]
+    x, y = rank_slice(x), rank_slice(y)
+    builders = {
+        "flat": partial(train_fsdp, "plain", "adamw", None, 0),
+        "per-param": partial(train_pp, "plain", "adamw", None, 0),
+        "fsdp2": partial(train_fsdp2, "plain", "adamw", 0),
+    }
+    res = {"model": cfg, "N": sum(p.numel() for p in make_model("plain", **cfg).parameters())}
+    for name, build in builders.items():
+        model, opt = build(**cfg)
+        timed_steps(model, opt, x, y, 2)  # warm-up (Adam state allocated)
+        with MemoryTrace() as mt:
+            mt.watch(model, opt)
+            timed_steps(model, opt, x, y, 1)
+        times = sorted(timed_steps(model, opt, x, y, steps))
+        res[name] = {"step_s": times[len(times) // 2], "peak_bytes": mt.peak}
+        del model, opt
+    for name in ("flat", "per-param"):
+        res[name]["ratio_time"] = res[name]["step_s"] / res["fsdp2"]["step_s"]
+        res[name]["ratio_peak"] = res[name]["peak_bytes"] / res["fsdp2"]["peak_bytes"]
+    return res if dist.get_rank() == 0 else None
+

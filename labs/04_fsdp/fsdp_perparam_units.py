@@ -1,0 +1,178 @@
+"""Storage layer of per-parameter FSDP: dim-0 shards, packed collectives (schedule: fsdp_perparam.py).
+
+A :class:`ShardedUnit` holds one unit's parameters, each as a :class:`Slot`: an fp32
+``nn.Parameter`` shard of ``c = ceil(d0 / D)`` rows (the parameter zero-padded to ``D c``
+rows; ``accounting.memory.fsdp_padded_numel(shapes, D, "per_param")`` elements over all
+ranks), registered on the parameter's module under its own name while the unit is idle, and
+``full``, a ``(D c, *rest)`` buffer in the compute dtype that holds the gathered parameter
+while the unit computes (its storage is resized to 0 bytes when freed; the module sees the
+unpadded view ``full[:d0]``).
+
+Collectives issued here, on all of the unit's shards packed into one ``(S,)`` vector
+(``S = sum c * prod(rest)``): one ``all_gather_into_tensor`` into a rank-major ``(D, S)``
+buffer, whose columns are then copied out into each ``full``, and one
+``reduce_scatter_tensor`` of a ``(D, S)`` input packed the same way, each sending
+``q * D * S * (D-1)/D`` bytes per rank (``accounting.comm.ring_sent_bytes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from fsdp_units import all_gather_into_tensor, reduce_scatter_tensor
+from torch import nn
+
+
+@dataclass
+class Slot:
+    """One distinct parameter of a unit: its shard, where it sits in the packed vector."""
+
+    aliases: list[tuple[nn.Module, str, str]]  # (owning module, attribute, full name)
+    shape: torch.Size  # unsharded shape (d0, *rest)
+    rows: int  # c = ceil(d0 / D): rows per rank
+    offset: int  # start of this shard in the unit's packed (S,) vector
+    shard: nn.Parameter  # (c, *rest) fp32, registered on the module while idle
+    full: torch.Tensor  # (D c, *rest) gathered copy in param_dtype; storage 0 bytes when freed
+
+    @property
+    def numel(self) -> int:  # shard elements
+        return self.shard.numel()
+
+    def register(self, tensor: torch.Tensor) -> None:
+        for mod, attr, _ in self.aliases:
+            mod._parameters[attr] = tensor  # no type check: a plain tensor while gathered
+
+
+class ShardedUnit:
+    """The parameters of one unit, each sharded on dim 0; one all-gather, one reduce-scatter."""
+
+    def __init__(self, name, module, params, group, param_dtype, reduce_dtype) -> None:
+        self.name, self.module, self.group = name, module, group
+        self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
+        self.world, self.rank = group.size(), group.rank()
+        self.slots: list[Slot] = []
+        offset = 0
+        for p, aliases in params:
+            shape = p.shape if p.dim() else torch.Size([1])
+            rows = -(-shape[0] // self.world)  # ceil(d0 / D)
+            # BEGIN SOLUTION hint: zero-pad p to (D*rows, *rest) in fp32, broadcast rank 0's copy, keep rows [rank*rows, (rank+1)*rows) as an nn.Parameter (requires_grad like p)
+            padded = torch.zeros(self.world * rows, *shape[1:])  # (D c, *rest)
+            padded[: shape[0]] = p.detach().reshape(shape).float()
+            dist.broadcast(padded, group=group, group_src=0)  # same start on every rank
+            lo = self.rank * rows
+            shard = nn.Parameter(padded[lo : lo + rows].clone(), p.requires_grad)
+            # END SOLUTION
+            full = torch.empty(self.world * rows, *shape[1:], dtype=param_dtype)
+            slot = Slot(aliases, shape, rows, offset, shard, full)
+            offset += slot.numel
+            self.slots.append(slot)
+        self.packed = offset  # S
+        self.trainable = [s for s in self.slots if s.shard.requires_grad]
+        self.gathered, self._ag, self._rs = False, None, None
+        self._rs_in: torch.Tensor | None = None  # (D S,) reduce-scatter input being packed
+        self._packed_grads = 0
+        self.free()
+
+    def free(self) -> None:
+        """Reshard: drop every gathered buffer and register the shards again."""
+        # BEGIN SOLUTION hint: resize each slot's full storage to 0 bytes, register its shard on the module(s), mark not gathered
+        for s in self.slots:
+            s.full.untyped_storage().resize_(0)
+            s.register(s.shard)
+        self.gathered = False
+        # END SOLUTION
+
+    def start_gather(self) -> None:
+        """Issue the unit's one async all-gather (no-op if gathered or pending)."""
+        if self.gathered or self._ag is not None or not self.slots:
+            return
+        # BEGIN SOLUTION hint: pack every shard (cast to param_dtype) into one (S,) tensor; async all_gather_into_tensor into a (D*S,) tensor; keep (work, out, inp)
+        inp = torch.empty(self.packed, dtype=self.param_dtype)  # (S,)
+        for s in self.slots:
+            inp[s.offset : s.offset + s.numel].copy_(s.shard.detach().reshape(-1))
+        out = torch.empty(self.world * self.packed, dtype=self.param_dtype)  # (D S,)
+        work = all_gather_into_tensor(out, inp, group=self.group, async_op=True)
+        self._ag = (work, out, inp)
+        # END SOLUTION
+
+    def wait_gather(self) -> None:
+        """Finish the all-gather and copy each parameter out of the rank-major buffer."""
+        self.start_gather()
+        if self._ag is not None:
+            # BEGIN SOLUTION hint: wait; view out as (D, S); per slot give full its storage back and copy columns [offset, offset+numel) into full viewed as (D, numel)
+            work, out, _ = self._ag
+            work.wait()
+            out = out.view(self.world, self.packed)  # (D, S): row r = rank r's shards
+            for s in self.slots:
+                s.full.untyped_storage().resize_(s.full.numel() * s.full.element_size())
+                s.full.view(self.world, s.numel).copy_(out[:, s.offset : s.offset + s.numel])
+            # END SOLUTION
+            self._ag = None  # frees the packed buffers
+        self.gathered = True
+
+    def make_views(self, on_grad: Callable) -> None:
+        """Register a fresh leaf ``full.data[:d0]`` per parameter (own version counter, so
+        refilling ``full`` before backward does not trip autograd's saved-tensor check)."""
+        for s in self.slots:
+            leaf = s.full.data[: s.shape[0]].view(s.shape)  # (d0, *rest)
+            leaf.requires_grad_(s.shard.requires_grad)
+            s.register(leaf)
+            if leaf.requires_grad:
+                leaf.register_post_accumulate_grad_hook(partial(on_grad, s))
+
+    def pack_grad(self, s: Slot, grad: torch.Tensor) -> bool:
+        """Copy one finished gradient into the reduce-scatter input; True when all are in."""
+        # BEGIN SOLUTION hint: allocate a zero (D*S,) reduce_dtype buffer at the first gradient; pad grad to (D*rows, *rest), view it (D, numel) and copy into columns [offset, offset+numel) of the buffer viewed (D, S); free the slot's full storage
+        if self._rs_in is None:
+            self._rs_in = torch.zeros(self.world * self.packed, dtype=self.reduce_dtype)
+        dst = self._rs_in.view(self.world, self.packed)[:, s.offset : s.offset + s.numel]
+        d0 = s.shape[0]
+        per_rank = grad.reshape(d0, -1)  # (d0, prod(rest))
+        for r in range(self.world):
+            rows = per_rank[r * s.rows : min(d0, (r + 1) * s.rows)]  # padding rows stay 0
+            dst[r, : rows.numel()].copy_(rows.reshape(-1))
+        s.full.untyped_storage().resize_(0)  # its last use in backward is over
+        # END SOLUTION
+        self._packed_grads += 1
+        return self._packed_grads == len(self.trainable)
+
+    def reduce(self) -> None:
+        """Issue the unit's one async reduce-scatter of the packed gradients."""
+        if self._rs_in is None:
+            return
+        # BEGIN SOLUTION hint: async reduce_scatter_tensor (SUM) of the (D*S,) input into a (S,) output; keep (work, out, inp)
+        out = torch.empty(self.packed, dtype=self.reduce_dtype)  # (S,)
+        work = reduce_scatter_tensor(out, self._rs_in, group=self.group, async_op=True)
+        self._rs = (work, out, self._rs_in)
+        # END SOLUTION
+        self._rs_in, self._packed_grads = None, 0
+
+    def drain(self) -> None:
+        """Wait for the reduce-scatter; average by D into each shard's fp32 ``.grad``."""
+        if self._rs is None:
+            return
+        # BEGIN SOLUTION hint: wait; out / D in fp32; each trainable shard's grad is its slice viewed (rows, *rest) (add if a grad exists)
+        work, out, _ = self._rs
+        work.wait()
+        self._rs = None
+        out = out.div_(self.world).to(torch.float32)  # sum over ranks -> mean
+        for s in self.trainable:
+            g = out[s.offset : s.offset + s.numel].view(s.shard.shape)
+            s.shard.grad = g if s.shard.grad is None else s.shard.grad.add_(g)
+        # END SOLUTION
+
+    def full_params(self) -> dict[str, torch.Tensor]:
+        """All-gather the fp32 shards (one collective) and return unpadded copies by name."""
+        inp = torch.cat([s.shard.detach().reshape(-1) for s in self.slots])  # (S,)
+        out = torch.empty(self.world * self.packed).view(self.world, self.packed)  # (D, S)
+        all_gather_into_tensor(out.view(-1), inp, group=self.group)
+        res = {}
+        for s in self.slots:
+            full = out[:, s.offset : s.offset + s.numel].reshape(-1, *s.shape[1:])  # (D c, ..)
+            for _, _, name in s.aliases:
+                res[name] = full[: s.shape[0]].reshape(s.shape).clone()
+        return res
