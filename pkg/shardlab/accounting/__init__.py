@@ -13,9 +13,22 @@ Pure Python; importing it never imports torch. Modules:
 ``compute``      FLOPs per token (6N + attention), recompute FLOPs, time, MFU, collective roofline
 ``planner``      layouts (D, t, p, c, ep, ZeRO, recompute, m, v) checked, costed and ranked
 ``wire``         what gloo / NCCL algorithms really send per rank (beside the ring model)
+``checkpoint``   bytes of a sharded checkpoint per rank, and what resharding reads
 """
 
-from . import activations, comm, compute, expert, memory, mesh, peak, pipeline, planner, wire
+from . import (
+    activations,
+    checkpoint,
+    comm,
+    compute,
+    expert,
+    memory,
+    mesh,
+    peak,
+    pipeline,
+    planner,
+    wire,
+)
 from .activations import (
     MODES,
     ActivationRow,
@@ -126,6 +139,7 @@ __all__ = [
     "activation_bytes_per_layer",
     "activation_table",
     "activations",
+    "checkpoint",
     "alpha_beta_time",
     "bubble_ratio",
     "bubble_time",
