@@ -4,7 +4,7 @@ The student issues the all-gather of the owners' weight pieces into ``recv`` and
 copy ``recv`` back into the weight segments, as if ``all_gather_single`` wrote into the
 weights. Every rank keeps stale copies of the parameters it does not own.
 
-Lost (10 of 27 points): the tests that compare ZeRO-1's trained weights (single process on
+Lost (10 of 41 points): the tests that compare ZeRO-1's trained weights (single process on
 2, 3 and 4 ranks; bitwise against PyTorch, which checks ZeRO-1 and ZeRO-2 in one test).
 Kept: ZeRO-2, the owner assignment, and every byte count and peak (the same collectives run
 with the same buffers; only the copy back is missing).
