@@ -49,7 +49,9 @@ def test_llama3_405b_shape():
     assert round(m.n_params / 1e9, 1) == 405.9  # the "405B"
     # 6N per token uses the matmul weights (not the embedding lookup, not the norms)
     assert m.matmul_params == 126 * (layer - 2 * h) + 128256 * h
-    assert m.activation_layer == {"ffn": 53248, "dropout": False, "norm": "rmsnorm"}
+    # the planner's saved activations see the gated MLP and the 8 K/V heads (issue 15)
+    assert m.activation_layer == {"ffn": 53248, "gated": True, "kv_heads": 8, "dropout": False,
+                                  "norm": "rmsnorm"}  # fmt: skip
 
 
 def test_moe_counts_top_k_experts_per_token():

@@ -132,8 +132,8 @@ def dp_pp_memory(kind: str = "1f1b", ag=None) -> dict:
 
     ``act_ratio``: the peak of saved activations against ``accounting.pipeline.
     inflight_bytes`` of the schedule (lab 05's check). ``peak_ratio``: the whole peak against
-    :func:`dp_pp_predicted_peak`, which leaves out autograd's backward temporaries and the
-    gradients accumulated by an earlier microbatch's backward (reported, not asserted)."""
+    :func:`dp_pp_predicted_peak` (``accounting.stage_peak``: moment by moment, with autograd's
+    temporaries of a block's backward and the gradients an earlier microbatch accumulated)."""
     from shardlab.runtime import MemoryTrace, phase
 
     mesh = Mesh(**DP_PP_MESH)
@@ -143,7 +143,7 @@ def dp_pp_memory(kind: str = "1f1b", ag=None) -> dict:
     params = list(stage.parameters())
     opt = torch.optim.AdamW(params, lr=1e-3)
     xs, ys = pp_microbatches(0, ag.coords.dp, mesh.dp)
-    chunk = pp_chunk_bytes(stage, xs, ys, params)
+    chunk, head = pp_chunk_bytes(stage, xs, ys, params)
     dp_pp_step(stage, executor, ag, xs, ys)  # warm-up: moments exist
     opt.step()
     opt.zero_grad()
@@ -164,11 +164,13 @@ def dp_pp_memory(kind: str = "1f1b", ag=None) -> dict:
     tl = mt.timeline()
     n_stage = sum(p.numel() for p in params)
     state = memory.model_state(n_stage, mesh.dp, "ddp", "fp32")
-    pred = dp_pp_predicted_peak(stage, executor, mesh, xs[0].shape[0], chunk)
+    pred = dp_pp_predicted_peak(stage, executor, mesh, xs[0].shape[0], chunk, head)
     return {
         "peak_predicted": pred.total, "peak_ratio": tl.peak / pred.total,
         "predicted_terms": pred.terms, "predicted_phase": pred.phase_of_peak,
-        "chunk_bytes": chunk, "rank": ag.rank,
+        "predicted_action": (str(executor.actions[pred.unit_of_peak])
+                             if pred.unit_of_peak is not None else None),
+        "chunk_bytes": chunk, "head_bytes": head, "rank": ag.rank,
         "act_predicted": pacc.inflight_bytes(executor.actions, [chunk]),
         "act_ratio": max(tl.bytes["activations"]) / pacc.inflight_bytes(executor.actions, [chunk]), "coords": ag.coords.as_dict(), "held": held,
         "state_measured": sum(held.values()), "state_predicted": state.total, "peak": tl.peak,
@@ -178,13 +180,21 @@ def dp_pp_memory(kind: str = "1f1b", ag=None) -> dict:
     }  # fmt: skip
 
 
-def pp_chunk_bytes(stage, xs, ys, params) -> int:
+def pp_chunk_bytes(stage, xs, ys, params) -> tuple[int, int]:
     """Saved-activation bytes one microbatch leaves on this stage (forward only, as lab 05
-    measures them; the loss on the last stage; the input counts on later stages)."""
+    measures them; the loss on the last stage; the input counts on later stages), and the
+    part of them the head saves (final norm, logits, loss: 0 except on the last stage), read
+    when the stage's last block has run."""
     from pipeline import microbatch_loss
     from shardlab.runtime import MemoryTrace
 
     b, s = xs[0].shape
+    seen = {}
+
+    def mark(*_):  # the blocks' saved bytes end here (None: keep the block's output)
+        seen["blocks"] = mt.live_bytes("activations")
+
+    hook = stage.blocks[-1].register_forward_hook(mark)
     with MemoryTrace() as mt:
         mt.watch(params)  # weights saved by matmuls are parameters, not activations
         inp = xs[0] if stage.first else torch.zeros(b, s, PP_MODEL.d_model, requires_grad=True)
@@ -193,38 +203,49 @@ def pp_chunk_bytes(stage, xs, ys, params) -> int:
         if stage.last:
             y = microbatch_loss(y, ys[0], PP_M)
         got = mt.live_bytes("activations")
+    hook.remove()
     del y
-    return got
+    return got, (got - seen["blocks"] if stage.last else 0)
 
 
-def dp_pp_predicted_peak(stage, executor, mesh: Mesh, b: int, chunk_bytes: int):
-    """``accounting.peak.predict_peak`` of one AdamW step of this rank's stage.
+def dp_pp_predicted_peak(
+    stage, executor, mesh: Mesh, b: int, chunk_bytes: int, head_bytes: int = 0
+):
+    """``accounting.stage_peak.stage_peak`` of one AdamW step of this rank's stage.
 
     ``persistent``: weights + AdamW moments (``model_state(N_stage, D, "ddp", "fp32")``
-    without the gradients, freed by ``zero_grad``); ``activations``: the schedule's in-flight
-    microbatches, ``accounting.pipeline.inflight_bytes(actions, [chunk_bytes])``;
-    ``buffers``: the boundary tensors this rank sends (kept until the step ends) and the
-    receive buffer posted ahead, ``q b s h`` each; the last stage's ``backward_workspace``:
-    ``logits_workspace(b, s, V)``; the gradients join at the optimizer step
-    (``grad_shard_bytes``) with ``adam_workspace``.
+    without the gradients, freed by ``zero_grad``); ``grads``: the stage's gradients (the
+    head's alone during the last stage's first backward); ``activations``: ``chunk_bytes`` per
+    microbatch in flight at that action (``head_bytes`` of it freed during the block's
+    backward); ``buffers``: boundary tensors sent so far and the receive posted ahead, ``q b s
+    h`` each; ``backward_temporaries``: ``block_backward_temporaries(b, s, h, f)`` (the output
+    gradient, the MLP output projection's input, weight and bias gradients); the last stage's
+    ``backward_workspace``: ``logits_workspace(b, s, V)``; the dp all-reduce's flat bucket of
+    every gradient; ``adam_workspace`` at the optimizer step.
     """
     from shardlab.accounting import peak
+    from shardlab.accounting.stage_peak import block_backward_temporaries, stage_peak
 
-    n_stage = sum(p.numel() for p in stage.parameters())
+    m = PP_MODEL
+    params = list(stage.parameters())
+    n_stage = sum(p.numel() for p in params)
     state = memory.model_state(n_stage, mesh.dp, "ddp", "fp32")
-    msg = Q * b * PP_MODEL.seq_len * PP_MODEL.d_model
-    sends = sum(1 for a in executor.actions if a.kind == "F") if not stage.last else 0
-    sends += sum(1 for a in executor.actions if a.kind == "B") if not stage.first else 0
-    return peak.predict_peak(
+    head_params = [p for mod in ("ln_f", "lm_head") if hasattr(stage, mod)
+                   for p in getattr(stage, mod).parameters()]  # fmt: skip
+    return stage_peak(
+        executor.actions,
+        chunk_bytes,
         persistent_bytes=state.total - state.per_object["grads"],
-        unit_bytes=[],
-        activation_bytes=pacc.inflight_bytes(executor.actions, [chunk_bytes]),
-        buffer_bytes=(sends + 1) * msg,
-        backward_workspace_bytes=(
-            peak.logits_workspace(b, PP_MODEL.seq_len, PP_MODEL.vocab_size, Q)
-            if stage.last
-            else None
-        ),
-        grad_shard_bytes=state.per_object["grads"],
-        optimizer_workspace_bytes=peak.adam_workspace([p.numel() for p in stage.parameters()]),
+        grad_bytes=state.per_object["grads"],
+        message_bytes=Q * b * m.seq_len * m.d_model,
+        temporaries_bytes=block_backward_temporaries(
+            b, m.seq_len, m.d_model, m.d_ff or 4 * m.d_model, Q
+        ),  # fmt: skip
+        first=stage.first,
+        last=stage.last,
+        head_bytes=head_bytes,
+        head_grad_bytes=Q * sum(p.numel() for p in head_params),
+        backward_workspace_bytes=peak.logits_workspace(b, m.seq_len, m.vocab_size, Q),
+        bucket_bytes=Q * n_stage,
+        optimizer_workspace_bytes=peak.adam_workspace([p.numel() for p in params]),
     )

@@ -4,6 +4,7 @@ Pure Python; importing it never imports torch. Modules:
 
 ``memory``       persistent model state per rank (precision recipes x DDP/ZeRO layouts)
 ``peak``         predicted per-rank peak of a step (state + gathered units + activations + buffers)
+``stage_peak``   a pipeline stage's peak, action by action, with autograd's backward temporaries
 ``activations``  saved-activation bytes per transformer layer (Korthikanti et al.)
 ``comm``         ring/tree collective volumes, alpha-beta time, per-step volumes
 ``pipeline``     bubble formulas, schedule generator and event-driven simulator
@@ -27,6 +28,7 @@ from . import (
     peak,
     pipeline,
     planner,
+    stage_peak,
     wire,
 )
 from .activations import (
@@ -96,6 +98,7 @@ from .pipeline import (
     utilization,
 )
 from .planner import Cluster, Plan, plan
+from .stage_peak import block_backward_temporaries
 from .wire import backend_sent_bytes, binomial_children, gloo_sent_bytes
 
 __all__ = [
@@ -175,6 +178,8 @@ __all__ = [
     "tp_volume",
     "utilization",
     "wire",
+    "stage_peak",
+    "block_backward_temporaries",
     "backend_sent_bytes",
     "binomial_children",
     "gloo_sent_bytes",

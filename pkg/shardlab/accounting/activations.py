@@ -39,14 +39,28 @@ on), the per-layer saved bytes are the sum of three groups::
     replicated  s b h (4 q + 2 p d)        LayerNorm inputs (2), inputs of the QKV and first
                 + 2 n_s c b s              MLP projections (2), the two output-dropout masks;
                                            plus the norms' per-token statistics
-    split       s b h (4 q + 2 q f / h)    Q, K, V (3), output-projection input (1), GeLU
-                                           input and output (f wide each)
+    split       s b h (q (2 + 2 k/a)       Q and the output-projection input (2), K and V
+                       + n_f q f / h)      (``k/a`` of Q's width each); ``n_f`` MLP tensors
+                                           ``f`` wide: GeLU input and output (2), or for a
+                                           gated MLP (``gated=True``, SwiGLU) the gate and up
+                                           projections' outputs and their product (3)
     attention   a s^2 b (q + d_a (p + q))  softmax output; dropout mask and dropped scores
 
 where ``n_s`` is the number of per-token statistics a norm keeps (``norm="layernorm"``: mean
 and inverse standard deviation, 2; ``"rmsnorm"``: 1) and ``c`` their bytes
 (``norm_stat_bytes``, default 0: the paper neglects them). Defaults give the constants 10
-(replicated), 24 (split) and 5 (attention), so ``34 = 10 + 24``. The modes combine them:
+(replicated), 24 (split) and 5 (attention), so ``34 = 10 + 24``.
+
+Llama-style layers (Grattafiori et al., 2024) differ in three of these parameters, and the
+Korthikanti constants do not describe them: no dropout (``dropout=False``), RMSNorm
+(``norm="rmsnorm"``), grouped-query attention with ``k = kv_heads`` K/V heads for ``a`` query
+heads (``kv_heads=k``, default ``a``), and a gated SwiGLU MLP of width ``f``
+(``gated=True, ffn=f``; Megatron's fused SwiGLU keeps its two inputs and recomputes the SiLU,
+an unfused ``silu(x W_1) * (x W_3)`` in PyTorch would also save the SiLU output, a fourth
+tensor not counted here). Under tensor parallelism with ``t > k`` each rank holds one K/V head
+(``context.kv_heads_per_rank``), so K and V count as ``t`` heads before the division by ``t``.
+:attr:`.compute.ModelShape.activation_layer` gives these arguments for a model. The modes
+combine the groups:
 ``none`` all three; ``tp`` replicated + (split + attention)/t; ``tp_sp`` all three /t;
 ``tp_sp_selective`` (replicated + split)/t (the attention core is recomputed from Q, K, V);
 ``full_recompute`` only the layer input, ``q s b h`` (replicated).
@@ -111,9 +125,15 @@ def layer_terms(
     attn_dropout: bool | None = None,
     norm: str = "layernorm",
     norm_stat_bytes: float = 0,
+    gated: bool = False,
+    kv_heads: int | None = None,
 ) -> LayerTerms:
     """The replicated / split / attention groups of one layer (module docstring's table)."""
     qq = v.number("q", q)
+    n_f = 3 if v.flag("gated", gated) else 2
+    k = a if kv_heads is None else v.positive_int("kv_heads", kv_heads)
+    if a % k:
+        raise ValueError(f"kv_heads={k} does not divide heads a={a}")
     p = v.nonneg_number("mask_bytes", mask_bytes)
     f = 4 * h if ffn is None else v.positive_int("ffn", ffn)
     d = int(v.flag("dropout", dropout))
@@ -123,7 +143,7 @@ def layer_terms(
     sbh = s * b * h
     return LayerTerms(
         replicated=sbh * (4 * qq + 2 * p * d) + 2 * n_stats * c * b * s,
-        split=sbh * (4 * qq + 2 * qq * f / h),
+        split=sbh * qq * (2 + 2 * k / a + n_f * f / h),
         attention=a * s * s * b * (qq + da * (p + qq)),
         layer_input=qq * sbh,
     )
@@ -135,13 +155,22 @@ def activation_bytes_per_layer(
     """Saved-activation bytes of one transformer layer under ``mode`` (see module table).
 
     ``layer``: the keyword-only arguments of :func:`layer_terms` (``q``, ``mask_bytes``,
-    ``ffn``, ``dropout``, ``attn_dropout``, ``norm``, ``norm_stat_bytes``); their defaults
-    are the paper's layer. ``ffn`` must divide by ``t`` under any tensor-parallel mode.
+    ``ffn``, ``dropout``, ``attn_dropout``, ``norm``, ``norm_stat_bytes``, ``gated``,
+    ``kv_heads``); their defaults are the paper's layer. ``ffn`` must divide by ``t`` under
+    any tensor-parallel mode; ``kv_heads`` and ``t`` must divide one another.
     """
     s, b, h, a, t = _check(s, b, h, a, t, mode)
     ffn = layer.get("ffn")
-    if ffn is not None and mode not in ("none", "full_recompute") and ffn % t != 0:
+    tensor_parallel = mode not in ("none", "full_recompute")
+    if ffn is not None and tensor_parallel and ffn % t != 0:
         raise ValueError(f"MLP width ffn={ffn} is not divisible by t={t}")
+    kv = layer.get("kv_heads")
+    if kv is not None and tensor_parallel and t > 1:
+        kv = v.positive_int("kv_heads", kv)
+        if kv % t and t % kv:
+            raise ValueError(f"t={t} and kv_heads={kv}: one must divide the other")
+        # t > kv: every rank holds one K/V head (replicated), i.e. t heads before dividing by t
+        layer = {**layer, "kv_heads": max(kv, t)}
     return layer_terms(s, b, h, a, **layer).for_mode(mode, t)
 
 

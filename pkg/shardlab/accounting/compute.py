@@ -276,9 +276,12 @@ class ModelShape:
     @property
     def activation_layer(self) -> dict[str, object]:
         """Keyword arguments of :func:`.activations.activation_bytes_per_layer` for this layer:
-        its MLP width, dropout and norm. (A gated MLP's third ``f``-wide tensor and grouped-query
-        attention's smaller K/V are not parameters of that formula; they are not counted.)"""
-        return {"ffn": self.ffn, "dropout": self.dropout, "norm": self.norm}
+        its MLP width, whether the MLP is gated (a SwiGLU MLP saves three ``f``-wide tensors, a
+        GeLU MLP two), its K/V heads (grouped-query attention saves K and V ``kv_heads/heads``
+        as wide as Q), dropout and norm. The Korthikanti constants are the GPT-style case
+        (``gated=False``, ``kv_heads=heads``, dropout, LayerNorm, ``ffn = 4 h``)."""
+        return {"ffn": self.ffn, "gated": self.gated, "kv_heads": self.kv_heads,
+                "dropout": self.dropout, "norm": self.norm}  # fmt: skip
 
     @property
     def head_dim(self) -> int:
