@@ -127,6 +127,7 @@ def test_report_files(toy):
     assert sorted(p.name for p in (out / "stub").iterdir()) == ["results.json"]
 
 
+@pytest.mark.slow  # ~30 s: 3 sandboxes x 2 ranks; make test-slow (test_grading_reallabs grades every real lab there too)
 def test_dist_lab_reference_stub_planted_gloo(tmp_path):
     """The multi-process lab (shardlab.runtime.launch, gloo): 3 sandboxes with 2 ranks each."""
     bug = _submissions(tmp_path / "subs", "02_toydist", "distmean.py")

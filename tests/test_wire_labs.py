@@ -17,11 +17,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "labs" / "02_ddp"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "labs" / "03_zero"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "labs" / "04_fsdp"))
 
+import pytest  # noqa: E402
 from shardlab import accounting as acc  # noqa: E402
 from shardlab.accounting.wire import GLOO_PREAMBLE_BYTES  # noqa: E402
 from shardlab.runtime import launch  # noqa: E402
 
 D, Q = 2, 4
+# about a minute of 2-rank runs of three labs: make test-slow
+pytestmark = pytest.mark.slow
+
 PER_COLLECTIVE = 1024  # bytes of control allowed per collective
 
 
