@@ -13,7 +13,9 @@ from functools import partial
 import torch
 import torch.distributed as dist
 from _workers_fsdp import (
+    SEQ,
     STEPS,
+    VOCAB,
     accumulate,
     compare,
     make_batches,
@@ -265,3 +267,92 @@ def benchmark(steps: int = 10, batch: int = 8, **cfg) -> dict | None:
         res[name]["ratio_peak"] = res[name]["peak_bytes"] / res["fsdp2"]["peak_bytes"]
     return res if dist.get_rank() == 0 else None
 
+
+
+def predicted_peak_pp(model: PerParamFSDP, world: int, cfg: PerParamConfig, batch: int, acts):
+    """``predict_peak`` of one fp32 AdamW step of the per-parameter wrapper. The terms are
+    those of ``_workers_fsdp.predicted_peak`` (read its docstring), with per-parameter sizes:
+
+    * ``gathered_params``: a block's padded parameters, ``D * S`` elements, whether they sit
+      in the rank-major all-gather output (prefetched) or, after the copy-out, in the
+      per-parameter buffers (the copy-out frees the first as it fills the second);
+    * ``unsharded_grads``: a block's gradients at the end of its backward. During the
+      backward the gradients replace the freed parameter buffers one by one, and at the end
+      the reduce-scatter input takes the place of the (now freed) gathered block while each
+      gradient is dropped as soon as it is packed: the same total as the flat units' model;
+    * not modelled: without prefetch, the copy-out moment holds a block twice (the
+      rank-major all-gather output and the per-parameter buffers) beside the previous
+      block's reduce-scatter input in flight (4 ranks: +6 %); the last block's backward has
+      no reduce-scatter in flight yet, where the model counts a second gathered block when
+      prefetching (4 ranks: -6 %);
+    * ``optimizer_workspace``: single-tensor AdamW's temporaries of the largest *parameter*
+      shard (the flat mode steps one shard per unit, this one a shard per parameter).
+    """
+    from shardlab.accounting import peak
+
+    blocks = [u.packed * world * 4 for u in model.units[1:]]
+    shards = [u.packed * 4 for u in model.units[1:]]
+    shards[0] += model.units[0].packed * 4  # the root's shard is complete after block 0's
+    state = memory.model_state(model.padded_numel, world, "zero3", "fp32")
+    return peak.predict_peak(
+        persistent_bytes=state.total - state.per_object["grads"],
+        unit_bytes=blocks,
+        activation_bytes=acts[0],
+        buffer_bytes=model.units[0].packed * world * 4,  # the root: whole step
+        prefetch=cfg.prefetch,
+        reshard_after_forward=cfg.reshard_after_forward,
+        grad_unit_bytes=blocks,
+        grad_shard_bytes=shards,
+        backward_workspace_bytes=peak.logits_workspace(batch, SEQ, VOCAB, 4),
+        backward_workspace_at="before_units",
+        head_activation_bytes=acts[1],
+        optimizer_workspace_bytes=peak.adam_workspace([p.numel() for p in model.parameters()]),
+    )
+
+
+def _saved(mt, seen: dict, *_) -> None:
+    seen.setdefault("units", mt.live_bytes("activations"))
+
+
+def memory_rows_pp(world: int) -> list[dict]:
+    """Peak live bytes of one step (MemoryTrace) for reshard/prefetch on/off vs predict_peak."""
+    from shardlab.runtime import MemoryTrace, phase
+
+    rows = []
+    x, y = make_batches(1, seed=10)[0]
+    xr, yr = rank_slice(x), rank_slice(y)
+    for rs in (True, False):
+        for pf in (True, False):
+            cfg = PerParamConfig(reshard_after_forward=rs, prefetch=pf)
+            model, opt = train_pp("plain", "adamw", cfg, 1)  # Adam moments exist
+            seen: dict = {}
+            with MemoryTrace() as mt:
+                mt.watch(model, opt)
+                mt.tag([s.full for u in model.units for s in u.slots], "parameters")
+                mt.tag([xr, yr], "activations")
+                last = model.module.blocks[-1].register_forward_hook(partial(_saved, mt, seen))
+                with phase("forward"):
+                    loss = lm_loss(model, xr, yr)
+                last.remove()
+                with phase("backward"):
+                    loss.backward()
+                    model.finish_gradient_synchronization()
+                with phase("optimizer"):
+                    opt.step()
+                opt.zero_grad()
+            tl = mt.timeline()
+            acts = (seen["units"], max(tl.bytes["activations"]) - seen["units"])
+            pred = predicted_peak_pp(model, world, cfg, xr.shape[0], acts)
+            rows.append(
+                {
+                    "run": f"reshard={rs} prefetch={pf}",
+                    "measured_peak": tl.peak,
+                    "predicted_peak": pred.total,
+                    "ratio": tl.peak / pred.total,
+                    "measured_phase": tl.phases[tl.peak_index],
+                    "measured_at_peak": {k: v for k, v in tl.peak_breakdown.items() if v},
+                    "predicted_terms": pred.terms,
+                    "predicted_phase": pred.phase_of_peak,
+                }
+            )
+    return rows

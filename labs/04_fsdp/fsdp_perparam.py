@@ -223,15 +223,16 @@ class PerParamFSDP(nn.Module):
             self.units[order[pos + 1]].start_gather()
 
     def _on_grad(self, i: int, s: Slot, leaf: torch.Tensor) -> None:
-        # BEGIN SOLUTION hint: take leaf.grad (set it to None: freed once packed), pack it into its unit; when the unit is complete drain the reduce-scatter in flight and issue this unit's
-        unit = self.units[i]
+        # BEGIN SOLUTION hint: move leaf.grad into unit i (keep_grad; leaf.grad = None); when the unit is complete, self._reduce it
         grad, leaf.grad = leaf.grad, None
-        if unit.pack_grad(s, grad):
-            self._reduce(unit)
+        if self.units[i].keep_grad(s, grad):
+            self._reduce(self.units[i])
         # END SOLUTION
 
     def _reduce(self, unit: ShardedUnit) -> None:
-        for u in self._in_flight:  # its input stays alive until then (overlap with compute)
+        # the previous unit's reduce-scatter ran during this unit's whole backward; finishing
+        # it before packing keeps one reduce-scatter input alive at a time
+        for u in self._in_flight:
             u.drain()
         unit.reduce()
         self._in_flight = [unit]
@@ -239,7 +240,7 @@ class PerParamFSDP(nn.Module):
     def _end_of_backward(self) -> None:
         self._end_queued = False
         for u in self.units:
-            if u._rs_in is not None:  # some parameter got no gradient: its slice stays zero
+            if u._grads:  # some parameter got no gradient: its slice stays zero
                 self._reduce(u)
             u.free()
 

@@ -47,6 +47,12 @@ class Slot:
             mod._parameters[attr] = tensor  # no type check: a plain tensor while gathered
 
 
+def _storage(t: torch.Tensor) -> torch.Tensor:
+    """Give ``t`` its storage back (after ``resize_(0)``); returns ``t``."""
+    t.untyped_storage().resize_(t.numel() * t.element_size())
+    return t
+
+
 class ShardedUnit:
     """The parameters of one unit, each sharded on dim 0; one all-gather, one reduce-scatter."""
 
@@ -73,8 +79,13 @@ class ShardedUnit:
         self.packed = offset  # S
         self.trainable = [s for s in self.slots if s.shard.requires_grad]
         self.gathered, self._ag, self._rs = False, None, None
-        self._rs_in: torch.Tensor | None = None  # (D S,) reduce-scatter input being packed
-        self._packed_grads = 0
+        # collective buffers, (D S,) each: their storage exists only while a collective uses
+        # it (resize_ frees it at once, even while gloo's work object still refers to it)
+        self._ag_out = torch.empty(self.world * offset, dtype=param_dtype)
+        self._rs_in = torch.empty(self.world * offset, dtype=reduce_dtype)
+        for t in (self._ag_out, self._rs_in):
+            t.untyped_storage().resize_(0)
+        self._grads: dict[int, torch.Tensor] = {}  # id(slot) -> finished unsharded gradient
         self.free()
 
     def free(self) -> None:
@@ -90,13 +101,13 @@ class ShardedUnit:
         """Issue the unit's one async all-gather (no-op if gathered or pending)."""
         if self.gathered or self._ag is not None or not self.slots:
             return
-        # BEGIN SOLUTION hint: pack every shard (cast to param_dtype) into one (S,) tensor; async all_gather_into_tensor into a (D*S,) tensor; keep (work, out, inp)
-        inp = torch.empty(self.packed, dtype=self.param_dtype)  # (S,)
+        # BEGIN SOLUTION hint: out = empty (D*S,) in param_dtype; this rank's input is out's own slice [rank*S, (rank+1)*S) (no extra buffer): copy each shard there (cast), then async all_gather_into_tensor(out, that slice); keep (work, out)
+        out = _storage(self._ag_out)  # (D S,)
+        inp = out[self.rank * self.packed : (self.rank + 1) * self.packed]  # (S,) in place
         for s in self.slots:
             inp[s.offset : s.offset + s.numel].copy_(s.shard.detach().reshape(-1))
-        out = torch.empty(self.world * self.packed, dtype=self.param_dtype)  # (D S,)
         work = all_gather_into_tensor(out, inp, group=self.group, async_op=True)
-        self._ag = (work, out, inp)
+        self._ag = (work, out)
         # END SOLUTION
 
     def wait_gather(self) -> None:
@@ -104,14 +115,15 @@ class ShardedUnit:
         self.start_gather()
         if self._ag is not None:
             # BEGIN SOLUTION hint: wait; view out as (D, S); per slot give full its storage back and copy columns [offset, offset+numel) into full viewed as (D, numel)
-            work, out, _ = self._ag
+            work, out = self._ag
             work.wait()
             out = out.view(self.world, self.packed)  # (D, S): row r = rank r's shards
             for s in self.slots:
-                s.full.untyped_storage().resize_(s.full.numel() * s.full.element_size())
+                _storage(s.full)
                 s.full.view(self.world, s.numel).copy_(out[:, s.offset : s.offset + s.numel])
             # END SOLUTION
-            self._ag = None  # frees the packed buffers
+            out.untyped_storage().resize_(0)  # freed now, whoever still holds the tensor
+            self._ag = None
         self.gathered = True
 
     def make_views(self, on_grad: Callable) -> None:
@@ -124,40 +136,43 @@ class ShardedUnit:
             if leaf.requires_grad:
                 leaf.register_post_accumulate_grad_hook(partial(on_grad, s))
 
-    def pack_grad(self, s: Slot, grad: torch.Tensor) -> bool:
-        """Copy one finished gradient into the reduce-scatter input; True when all are in."""
-        # BEGIN SOLUTION hint: allocate a zero (D*S,) reduce_dtype buffer at the first gradient; pad grad to (D*rows, *rest), view it (D, numel) and copy into columns [offset, offset+numel) of the buffer viewed (D, S); free the slot's full storage
-        if self._rs_in is None:
-            self._rs_in = torch.zeros(self.world * self.packed, dtype=self.reduce_dtype)
-        dst = self._rs_in.view(self.world, self.packed)[:, s.offset : s.offset + s.numel]
-        d0 = s.shape[0]
-        per_rank = grad.reshape(d0, -1)  # (d0, prod(rest))
-        for r in range(self.world):
-            rows = per_rank[r * s.rows : min(d0, (r + 1) * s.rows)]  # padding rows stay 0
-            dst[r, : rows.numel()].copy_(rows.reshape(-1))
-        s.full.untyped_storage().resize_(0)  # its last use in backward is over
-        # END SOLUTION
-        self._packed_grads += 1
-        return self._packed_grads == len(self.trainable)
+    def keep_grad(self, s: Slot, grad: torch.Tensor) -> bool:
+        """Hold one finished gradient and free the slot's gathered copy (its last use in
+        backward is over); True when every trainable parameter's gradient is in."""
+        s.full.untyped_storage().resize_(0)
+        self._grads[id(s)] = grad
+        return len(self._grads) == len(self.trainable)
 
     def reduce(self) -> None:
-        """Issue the unit's one async reduce-scatter of the packed gradients."""
-        if self._rs_in is None:
+        """Pack the held gradients rank-major and issue the unit's one async reduce-scatter."""
+        if not self._grads:
             return
-        # BEGIN SOLUTION hint: async reduce_scatter_tensor (SUM) of the (D*S,) input into a (S,) output; keep (work, out, inp)
+        # BEGIN SOLUTION hint: zero (D*S,) reduce_dtype input viewed (D, S); per slot copy grad rows [r*rows, (r+1)*rows) into row r, columns [offset, offset+numel) (padding rows stay 0) and drop the grad at once; async reduce_scatter_tensor (SUM) into (S,); keep (work, out, input)
+        inp = _storage(self._rs_in).zero_()  # (D S,)
+        dst = inp.view(self.world, self.packed)  # (D, S): row r goes to rank r
+        for s in self.trainable:
+            grad = self._grads.pop(id(s), None)
+            if grad is None:  # no gradient reached it: its columns stay zero
+                continue
+            per_row = grad.reshape(s.shape[0], -1)  # (d0, prod(rest))
+            for r in range(self.world):
+                rows = per_row[r * s.rows : (r + 1) * s.rows]  # (<= c, prod(rest))
+                dst[r, s.offset : s.offset + rows.numel()].copy_(rows.reshape(-1))
+            del grad, per_row, rows  # freed as soon as packed: never all grads + the input
         out = torch.empty(self.packed, dtype=self.reduce_dtype)  # (S,)
-        work = reduce_scatter_tensor(out, self._rs_in, group=self.group, async_op=True)
-        self._rs = (work, out, self._rs_in)
+        work = reduce_scatter_tensor(out, inp, group=self.group, async_op=True)
+        self._rs = (work, out, inp)
         # END SOLUTION
-        self._rs_in, self._packed_grads = None, 0
+        self._grads = {}
 
     def drain(self) -> None:
         """Wait for the reduce-scatter; average by D into each shard's fp32 ``.grad``."""
         if self._rs is None:
             return
         # BEGIN SOLUTION hint: wait; out / D in fp32; each trainable shard's grad is its slice viewed (rows, *rest) (add if a grad exists)
-        work, out, _ = self._rs
+        work, out, inp = self._rs
         work.wait()
+        inp.untyped_storage().resize_(0)
         self._rs = None
         out = out.div_(self.world).to(torch.float32)  # sum over ranks -> mean
         for s in self.trainable:
