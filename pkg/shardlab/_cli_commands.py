@@ -111,3 +111,29 @@ PLAN_OPTIONS = (
     "beta_inter_gbps", "peak_tflops", "efficiency", "reserve", "max_bubble", "microbatch",
     "recipe", "gated", "dropout", "norm", "experts", "top_k", "top", "mark",
 )  # fmt: skip
+
+
+def _train(args: argparse.Namespace) -> int:
+    """``shardlab train``: validate everything before any rank starts, then run."""
+    import os
+
+    from shardlab.train.main import run, under_torchrun
+    from shardlab.train.spec import LAYOUTS, TrainSpec, resolve_modules
+
+    if args.layout not in LAYOUTS:
+        raise ValueError(f"layout={args.layout!r} is not one of {', '.join(LAYOUTS)}.")
+    ranks = args.ranks
+    if under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if ranks is not None and ranks != world:
+            raise ValueError(f"--ranks {ranks} but torchrun started WORLD_SIZE={world} ranks.")
+        ranks = world
+    modules, source, labs = resolve_modules(args.layout, args.module, args.from_cwd, args.labs)
+    spec = TrainSpec(
+        layout=args.layout, model=args.model, ranks=ranks, steps=args.steps, batch=args.batch,
+        seq=args.seq, tp=args.tp, microbatches=args.microbatches, schedule=args.schedule,
+        bucket_mb=args.bucket_mb, threads=args.threads, peak_tflops=args.peak_tflops,
+        efficiency=args.efficiency, beta_gbps=args.beta_gbps, modules=modules,
+        module_source=source, labs_dir=str(labs),
+    )  # fmt: skip
+    return run(spec, as_json=args.json, timeout=float(args.timeout))

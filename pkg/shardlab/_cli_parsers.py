@@ -344,3 +344,60 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     _add_json(p)
     p.set_defaults(func=_plan)
+
+
+def add_train_parser(sub: argparse._SubParsersAction) -> None:
+    """``shardlab train``: a lab's layout on real ranks, measured vs predicted (shardlab.train)."""
+    from shardlab._cli_commands import _train
+    from shardlab.train.spec import CPU_PEAK_TFLOPS, CUDA_PEAK_TFLOPS, LAYOUTS, MODELS
+
+    p = sub.add_parser(
+        "train",
+        help="train a lab's layout on N ranks; measured vs predicted memory, bytes, time, MFU",
+        description="Trains the model with the labs' implementation of --layout on N ranks "
+        "(shardlab's launcher here, or each process of a torchrun / Slurm job) and prints per "
+        "rank the measured peak memory, bytes sent, step time, tokens/s and MFU next to "
+        "shardlab.accounting's prediction. Uses the student's module when the current "
+        "directory holds one of the same name (or --module / --from-cwd).",
+    )
+    p.add_argument("--layout", required=True, metavar="L",
+                   help=f"one of {', '.join(LAYOUTS)}")  # fmt: skip
+    p.add_argument("--model", default="tiny", metavar="M",
+                   help=f"model shape, one of {', '.join(MODELS)} (default tiny)")  # fmt: skip
+    p.add_argument("--ranks", type=_number, default=None, metavar="N",
+                   help="ranks to start (default 2, 4 for fsdp+tp; under torchrun: WORLD_SIZE)")
+    p.add_argument("--steps", type=_number, default=10, metavar="S",
+                   help="training steps, at least 2 (default 10)")
+    p.add_argument("--batch", type=_number, default=8, metavar="B",
+                   help="global batch in sequences per step (default 8)")
+    p.add_argument("--seq", type=_number, default=None, metavar="S",
+                   help="sequence length in tokens (default: the model's)")
+    p.add_argument("--tp", type=_number, default=None, metavar="T",
+                   help="tensor-parallel degree of fsdp+tp (default 2; tp uses every rank)")
+    p.add_argument("--microbatches", type=_number, default=None, metavar="M",
+                   help="pipeline microbatches per step, pp only (default: the ranks)")
+    p.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"],
+                   help="pipeline schedule, pp only (default 1f1b)")
+    p.add_argument("--bucket-mb", type=_number, default=25.0, metavar="MB",
+                   help="bucket size of ddp/zero1/zero2 in MB (default 25)")
+    p.add_argument("--threads", type=_number, default=None, metavar="K",
+                   help="intra-op threads per rank (default: cores / ranks on this machine)")
+    p.add_argument("--peak-tflops", type=_number, default=None, metavar="TF",
+                   help="peak FLOP rate per rank for MFU, TFLOP/s (default "
+                   f"{CPU_PEAK_TFLOPS:g} on CPU, {CUDA_PEAK_TFLOPS:g} on CUDA: fp32)")
+    p.add_argument("--efficiency", type=_number, default=0.5, metavar="E",
+                   help="achievable fraction of the peak for the predicted time (default 0.5)")
+    p.add_argument("--beta-gbps", type=_number, default=1.0, metavar="GBPS",
+                   help="link bandwidth for the predicted time, GB/s (default 1: loopback gloo)")
+    p.add_argument("--module", default=None, metavar="PATH",
+                   help="the student's module file (replaces the layout's main module) or a "
+                   "folder of the layout's module files")
+    p.add_argument("--from-cwd", action="store_true",
+                   help="use the current directory's module(s) of the layout's file names")
+    p.add_argument("--labs", default=None, metavar="PATH",
+                   help="the labs/ folder (default: found above the current directory or "
+                   "next to the package)")
+    p.add_argument("--timeout", type=_number, default=900, metavar="S",
+                   help="seconds before the launcher stops the ranks (default 900)")
+    _add_json(p)
+    p.set_defaults(func=_train)

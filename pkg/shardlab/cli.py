@@ -7,6 +7,7 @@
     shardlab bubble --stages 4 --microbatches 8 [--schedule 1f1b --chunks 2]
     shardlab mesh --gpus 16384 --tp 8 --cp 1 --pp 16 --dp 128 [--rank 12345]
     shardlab plan [--preset llama3-405b-128k] [--json]
+    shardlab train --layout fsdp --model tiny --ranks 2 --steps 10 [--json]
 
 Every number comes from ``shardlab.accounting`` through the same report functions the
 widgets render (``shardlab.widgets.*_report``). Bad input prints one sentence,
@@ -25,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from shardlab._cli_parsers import add_calculator_parsers
+from shardlab._cli_parsers import add_calculator_parsers, add_train_parser
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     add_calculator_parsers(sub)
+    add_train_parser(sub)  # shardlab train: a lab's layout on real ranks (shardlab.train)
 
     # --- hook: `shardlab release` / `shardlab grade` (owned by shardlab.grading) ----------
     try:

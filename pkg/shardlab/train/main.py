@@ -1,0 +1,97 @@
+"""``shardlab train``: start the ranks (launcher or ``torchrun``), collect the rows, report.
+
+* Laptop / one machine: :func:`run` starts ``spec.ranks`` processes with
+  :func:`shardlab.runtime.launch` (gloo on CPU; nccl when CUDA has a device per rank), draws
+  rank 0's progress from a file while they run, and prints the report.
+* Under ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``MASTER_ADDR`` set; also in
+  the Slurm template ``shardlab/slurm/train.sbatch``): every process joins the process group
+  torchrun describes (:func:`shardlab.runtime.init_from_env`: nccl on CUDA with
+  ``cuda:LOCAL_RANK``, gloo on CPU), runs its rank, and rank 0 gathers the rows and prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import threading
+
+from shardlab.train.spec import CPU_PEAK_TFLOPS, CUDA_PEAK_TFLOPS, TrainSpec
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
+
+
+def under_torchrun() -> bool:
+    """True when torchrun (or Slurm through it) already describes this process's rank."""
+    return all(k in os.environ for k in TORCHRUN_VARS)
+
+
+def _peak_tflops(spec: TrainSpec, device: str) -> float:
+    if spec.peak_tflops is not None:
+        return spec.peak_tflops
+    return CUDA_PEAK_TFLOPS if device.startswith("cuda") else CPU_PEAK_TFLOPS
+
+
+def _print(summary: dict, as_json: bool) -> None:
+    from shardlab.train.report import format_text
+
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        sys.stdout.write(format_text(summary))
+    sys.stdout.flush()
+
+
+def run(spec: TrainSpec, as_json: bool = False, timeout: float = 900.0) -> int:
+    """Run ``spec`` and print the report; returns the exit status."""
+    if under_torchrun():
+        return _run_torchrun(spec, as_json)
+    from shardlab.runtime import LaunchError, launch
+    from shardlab.train.progress import follow
+    from shardlab.train.report import summarize
+
+    fd, path = tempfile.mkstemp(prefix="shardlab-train-", suffix=".progress")
+    os.close(fd)
+    stop = threading.Event()
+    drawer = threading.Thread(target=follow, args=(path, stop), daemon=True)
+    drawer.start()
+    try:
+        rows = launch("shardlab.train.rank:run_rank", spec.ranks, spec, path, quiet=True,
+                      timeout=timeout)  # fmt: skip
+    except LaunchError as exc:
+        stop.set()
+        drawer.join()
+        tb = getattr(exc, "remote_traceback", "") or ""
+        print(f"shardlab train: {str(exc).splitlines()[0]}", file=sys.stderr)
+        if tb:
+            print(tb.rstrip(), file=sys.stderr)
+        return 1
+    finally:
+        stop.set()
+        drawer.join()
+        os.unlink(path)
+    how = "shardlab.runtime.launch"
+    _print(summarize(spec, rows, _peak_tflops(spec, rows[0]["device"]), how), as_json)
+    return 0
+
+
+def _run_torchrun(spec: TrainSpec, as_json: bool) -> int:
+    import torch.distributed as dist
+
+    from shardlab.runtime import init_from_env
+    from shardlab.train.rank import run_rank
+    from shardlab.train.report import summarize
+
+    init_from_env()  # nccl + cuda:LOCAL_RANK when CUDA has the devices, else gloo
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        row = run_rank(spec, stream=sys.stderr if rank == 0 else None)
+        rows = [None] * world
+        dist.all_gather_object(rows, row)
+        if rank == 0:
+            how = f"torchrun ({os.environ.get('LOCAL_WORLD_SIZE', '?')} per node)"
+            _print(summarize(spec, rows, _peak_tflops(spec, rows[0]["device"]), how), as_json)
+    finally:
+        dist.destroy_process_group()
+    return 0
