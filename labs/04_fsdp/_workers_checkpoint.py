@@ -197,25 +197,18 @@ def try_load(cases) -> list[dict]:
     return out
 
 
-def bench_ours(root: str, path: str | None = None, **cfg) -> dict:
-    """Save (or, with ``path``, load) this lab's checkpoint once; seconds and bytes."""
-    model, opt = fresh(**cfg)
-    train_step(model, opt, 1)
-    dist.barrier()
-    t0 = time.perf_counter()
-    if path is None:
-        path = str(ckpt.save_checkpoint(root, 1, model, opt))
-        read = 0
-    else:
-        read = ckpt.load_checkpoint(path, model, opt).bytes_read
-    dist.barrier()
-    return {"seconds": time.perf_counter() - t0, "path": path, "bytes_read": read}
+def _median_seconds(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        dist.barrier()  # every rank starts together; the slowest rank sets the time
+        t0 = time.perf_counter()
+        fn()
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
 
 
-def bench_dcp(root: str, load: bool = False, **cfg) -> dict:
-    """The same with FSDP2 (``fully_shard`` per block and root) and torch.distributed.checkpoint."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+def _fsdp2(**cfg):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -224,19 +217,48 @@ def bench_dcp(root: str, load: bool = False, **cfg) -> dict:
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = make_optimizer("adamw", model.parameters())
-    x, y = make_batches(TOTAL)[0]
-    lm_loss(model, rank_slice(x), rank_slice(y)).backward()
-    opt.step()
-    opt.zero_grad()
-    msd, osd = get_state_dict(model, opt)
-    state = {"model": msd, "optim": osd, "rng": torch.get_rng_state()}
-    dist.barrier()
-    t0 = time.perf_counter()
+    return model, make_optimizer("adamw", model.parameters())
+
+
+def bench(ours_dir: str, dcp_dir: str, load: bool, repeats: int = 3, **cfg) -> dict:
+    """Median seconds of ``repeats`` saves (``load=False``, step-1 state) or loads of this
+    lab's checkpoint and of ``torch.distributed.checkpoint`` with FSDP2 (``fully_shard`` per
+    block and root) on the same model; loads work at any world size (resharding)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    out = {"world": dist.get_world_size()}
+    model, opt = fresh(**cfg)
+    train_step(model, opt, 1)
     if load:
-        dcp.load(state, checkpoint_id=root)
-        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        reports = []
+        out["ours_s"] = _median_seconds(
+            lambda: reports.append(ckpt.load_checkpoint(ours_dir, model, opt)), repeats
+        )
+        out["ours_read"] = reports[-1].bytes_read
     else:
-        dcp.save(state, checkpoint_id=root)
-    dist.barrier()
-    return {"seconds": time.perf_counter() - t0, "path": root}
+        out["ours_s"] = _median_seconds(
+            lambda: ckpt.save_checkpoint(ours_dir, 1, model, opt), repeats
+        )
+    model2, opt2 = _fsdp2(**cfg)
+    x, y = make_batches(TOTAL)[0]
+    lm_loss(model2, rank_slice(x), rank_slice(y)).backward()
+    opt2.step()
+    opt2.zero_grad()
+
+    def dcp_save():
+        msd, osd = get_state_dict(model2, opt2)
+        dcp.save({"model": msd, "optim": osd, "rng": torch.get_rng_state()}, checkpoint_id=dcp_dir)
+
+    def dcp_load():
+        msd, osd = get_state_dict(model2, opt2)
+        state = {"model": msd, "optim": osd, "rng": torch.get_rng_state()}
+        dcp.load(state, checkpoint_id=dcp_dir)
+        set_state_dict(
+            model2, opt2, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        torch.set_rng_state(state["rng"])
+
+    out["dcp_s"] = _median_seconds(dcp_load if load else dcp_save, repeats)
+    out["n_params"] = sum(p.numel() for p in make_model("plain", **cfg).parameters())
+    return out

@@ -1,0 +1,89 @@
+"""Benchmark: this lab's sharded checkpoint vs ``torch.distributed.checkpoint`` (DCP) + FSDP2.
+
+    python benchmark_checkpoint.py [--save-ranks 4] [--load-ranks 4 2 1] [--d-model 256]
+
+One run: ``--save-ranks`` ranks train one AdamW step and save (ours: our FSDP's flat shards,
+``checkpoint.save_checkpoint``; DCP: ``dcp.save`` of FSDP2's ``get_state_dict`` model and
+optimizer state plus the RNG state), then each world size of ``--load-ranks`` loads both
+(DCP reshards DTensors by itself; ours reads the old slices each new rank needs). Printed:
+bytes on disk (ours also against ``accounting.checkpoint.checkpoint_bytes``), median
+save/load seconds of ``--repeats`` (slowest rank, between barriers) and ratios ours / DCP
+(below 1.0: ours is smaller or faster). The disk is whatever ``--dir`` (default: a temporary
+directory) sits on; times include fsync on our side, DCP's default writer fsyncs too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def dir_bytes(path: Path) -> tuple[int, int]:
+    """(total bytes, number of files) under ``path``."""
+    files = [p for p in Path(path).rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files), len(files)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import checkpoint as ckpt
+    import torch
+    from shardlab.accounting import checkpoint as acc
+    from shardlab.runtime import launch
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--save-ranks", type=int, default=4)
+    ap.add_argument("--load-ranks", type=int, nargs="+", default=[4, 2, 1])
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    a = ap.parse_args(argv)
+    cfg = dict(d_model=a.d_model, n_layer=a.layers, vocab_size=a.vocab)
+    with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
+        ours_root, dcp_dir = Path(tmp) / "ours", Path(tmp) / "dcp"
+        fn = "_workers_checkpoint:bench"
+        save = launch(fn, a.save_ranks, str(ours_root), str(dcp_dir), False, a.repeats, **cfg,
+                      quiet=True, timeout=600)  # fmt: skip
+        path = ckpt.latest_checkpoint(ours_root)
+        meta = ckpt.read_meta(path)
+        rng = torch.get_rng_state().numel()
+        numels = [f["numel"] for f in meta["flats"]]
+        res = {"n_params": save[0]["n_params"], "save": save[0], "load": {}}
+        res["ours_bytes"], res["ours_files"] = dir_bytes(path)
+        res["dcp_bytes"], res["dcp_files"] = dir_bytes(dcp_dir)
+        res["ours_predicted"] = acc.checkpoint_bytes(numels, a.save_ranks, 2, 4, rng)
+        res["meta_bytes"] = (path / "meta.json").stat().st_size
+        for d in a.load_ranks:
+            runs = launch(fn, d, str(path), str(dcp_dir), True, a.repeats, **cfg, quiet=True,
+                          timeout=600)  # fmt: skip
+            pred = [acc.reshard_read_bytes(numels, a.save_ranks, d, r, 2, 4, rng) for r in range(d)]
+            res["load"][d] = {**runs[0], "read": [r["ours_read"] for r in runs], "predicted": pred}
+    print(f"model: {res['n_params']:,} parameters ({cfg}), AdamW state, saved by "
+          f"{a.save_ranks} ranks; median of {a.repeats}")  # fmt: skip
+    print(f"{'':26}{'ours':>14}{'DCP':>14}{'ours/DCP':>10}")
+    print(f"{'bytes on disk':26}{res['ours_bytes']:14,d}{res['dcp_bytes']:14,d}"
+          f"{res['ours_bytes'] / res['dcp_bytes']:10.3f}")  # fmt: skip
+    print(f"{'files':26}{res['ours_files']:14d}{res['dcp_files']:14d}")
+    s = res["save"]
+    print(f"{f'save at D={a.save_ranks} (ms)':26}{s['ours_s'] * 1e3:14.1f}{s['dcp_s'] * 1e3:14.1f}"
+          f"{s['ours_s'] / s['dcp_s']:10.2f}")  # fmt: skip
+    for d, r in res["load"].items():
+        print(f"{f'load at D={d} (ms)':26}{r['ours_s'] * 1e3:14.1f}{r['dcp_s'] * 1e3:14.1f}"
+              f"{r['ours_s'] / r['dcp_s']:10.2f}")  # fmt: skip
+    print(f"ours: shard files {res['ours_bytes'] - res['meta_bytes']:,} B = "
+          f"accounting.checkpoint.checkpoint_bytes {res['ours_predicted']:,} B; "
+          f"meta.json {res['meta_bytes']:,} B")  # fmt: skip
+    for d, r in res["load"].items():
+        ok = "=" if r["read"] == r["predicted"] else "!="
+        print(f"ours, bytes read per rank at D={d}: {r['read']} {ok} reshard_read_bytes")
+    return res
+
+
+if __name__ == "__main__":
+    main()
