@@ -1,99 +1,215 @@
-"""From-scratch DDP vs torch.nn.parallel.DistributedDataParallel, one 2-rank launch on CPU.
+"""From-scratch DDP vs torch.nn.parallel.DistributedDataParallel, on CPU with gloo.
 
-Same model (the package's GPT, ``bench`` size in ``shardlab.models.SIZES``), same data, same
-25 MB buckets, AdamW. Step time: median over 20 steps after 3 warm-up steps, the two
-implementations alternating step by step so both see the same machine noise
-(``_workers_ddp.benchmark``). Prints a table per rank and the ratios from scratch / PyTorch
-(goal: <= 1.0). Run: ``python labs/02_ddp/benchmark_ddp.py``.
+    python benchmark_ddp.py [--size bench|25m] [--ranks 2] [--steps 20] [--repeats 1]
 
-What the peak counts (same for both sides; :func:`peaks` below). Each side is built *inside*
-a MemoryTrace, so everything made at wrap time counts from the start: PyTorch's C++ Reducer bucket (one flat copy of all gradients,
-3.45 MB here = ``bucket_sizes`` of ``_get_ddp_logging_data()``; with the default
-``gradient_as_bucket_view=False`` it is held *in addition to* ``param.grad``) and our buckets
-(which are ``param.grad``). Peak = largest live bytes during the measured step (after one
-warm-up step). Audit (torch 2.13, CPU, 2 ranks): this equals, to the byte for both sides,
-(a) the peak of the trace started after wrapping (``_workers_ddp.profile_step``) and (b) the
-CPU allocator's own peak (``torch.profiler`` with ``profile_memory=True``, all threads,
-around construction and two steps; separate runs, not in this script). So the trace
-missed nothing; the reason it was already right after wrapping is that the Reducer bucket is
-touched (``mul_out`` into its view) at the first gradient, before the backward peak, and a
-storage counts whole. Measured (2 ranks): peak ratio 0.993 = 18,613,212 / 18,745,308;
-the difference is PyTorch's extra gradient copy being partly alive at the backward peak
-(torch with ``gradient_as_bucket_view=True`` has exactly our peak).
+Same model (the package's GPT: ``bench`` in ``shardlab.models.SIZES``, 0.86 M parameters,
+or ``25m``, the same GPT at d_model 512 and 8 layers, 25.5 M parameters = 102 MB of fp32
+gradients, five 25 MB buckets), same data (8 sequences per step in all), same 25 MB buckets,
+fp32 AdamW. Step time: median over ``--steps`` steps after the warm-up steps, the two
+implementations alternating step by step so both see the same machine noise. Peak: one step
+after a warm-up step, each side built inside the meters. Ratios are from scratch / PyTorch
+(goal: <= 1.0); with ``--repeats`` the launches are repeated and the median and range of the
+ratios printed. ``main()`` without arguments is the fast run the lab notebook shows.
+
+Two peaks, same for both sides (:func:`peaks`):
+
+* ``trace``: MemoryTrace's largest live tensor bytes during the measured step. Everything made
+  at wrap time counts: PyTorch's C++ Reducer bucket (with the default
+  ``gradient_as_bucket_view=False`` a flat copy of all gradients held *in addition to*
+  ``param.grad``) and our buckets (which *are* ``param.grad``).
+* ``alloc``: the CPU allocator's own count (``torch.profiler``, ``profile_memory=True``) from
+  before construction to the end of the measured step; it also sees what gloo allocates in
+  its worker threads, which the trace cannot. For DDP both sides only all-reduce in place,
+  and the two peaks agree to within a few hundred bytes.
+
+Measured (torch 2.13, 2-core machine shared with other sessions; ratios ours / PyTorch,
+median and range over 3 launches; see ``book/03_zero.ipynb``, "Benchmarks at two sizes"):
+
+==========  =====  ===========  ===========  ===========
+size        ranks  step time    peak trace   peak alloc
+==========  =====  ===========  ===========  ===========
+bench         2    MEASURED
+bench         4
+25m           2
+25m           4
+==========  =====  ===========  ===========  ===========
+
+At both sizes our peak is lower because the bucket is the only copy of the gradients
+(PyTorch with ``gradient_as_bucket_view=True`` has exactly our peak).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from shardlab.runtime import launch  # noqa: E402
 
+# Overrides of shardlab.models.SIZES["bench"] (vocab 256, seq 32, 4 layers, d_model 128).
+BENCH_SIZES: dict[str, dict[str, int]] = {
+    "bench": {},  # 0.86 M parameters: fixed per-step overheads dominate
+    "25m": dict(d_model=512, n_layer=8, n_head=8),  # 25.5 M: 102 MB of gradients
+}
+BATCH = 8  # global sequences per step
 
-def peaks(size: str = "bench", bucket_size_mb: float = 25.0, n: int = 8) -> dict:
-    """Rank function: peak bytes of one step for each side, built inside both meters."""
-    import torch
+
+def _build(impl: str, size: str, bucket_size_mb: float):
+    """(model, wrapped, finish) for ``"mine"`` or ``"torch"``."""
     from _workers_ddp import DDP
-    from shardlab.models import (
-        lm_loss,
-        make_optimizer,
-        rank_slice,
-        step_batch,
-        tiny_gpt,
-        train_step,
-    )
-    from shardlab.runtime import MemoryTrace, phase
+    from shardlab.models import tiny_gpt
     from torch.nn.parallel import DistributedDataParallel
+
+    model = tiny_gpt("plain", size="bench", **BENCH_SIZES[size])
+    if impl == "mine":
+        w = DDP(model, bucket_size_mb=bucket_size_mb)
+        return model, w, w.finish_gradient_synchronization
+    return model, DistributedDataParallel(model, bucket_cap_mb=bucket_size_mb), None
+
+
+def allocator_peak(prof, window: str = "measured") -> int:
+    """Largest live bytes by the CPU allocator's count recorded by ``prof`` (all
+    (de)allocations since the profiler started, gloo's worker threads included) while the
+    ``record_function(window)`` block ran."""
+    events = prof.profiler.kineto_results.events()
+    (w,) = [e for e in events if e.name() == window]
+    mem = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    live = sum(nbytes for t, nbytes in mem if t < w.start_ns())
+    peak = live
+    for t, nbytes in mem:
+        if w.start_ns() <= t <= w.end_ns():
+            live += nbytes
+            peak = max(peak, live)
+    return peak
+
+
+def peaks(size: str = "bench", bucket_size_mb: float = 25.0, n: int = BATCH) -> dict:
+    """Rank function: ``{impl: {"trace": bytes, "alloc": bytes}}`` of one measured step."""
+    import torch
+    from shardlab.models import lm_loss, make_optimizer, rank_slice, step_batch, train_step
+    from shardlab.runtime import MemoryTrace, phase
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     torch.set_num_threads(1)
     out = {}
     for impl in ("mine", "torch"):
-        with MemoryTrace() as mt:
-            model = tiny_gpt("plain", size=size)
+        with (
+            profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+            MemoryTrace() as mt,
+        ):
+            model, w, finish = _build(impl, size, bucket_size_mb)
             opt = make_optimizer("adamw", model.parameters())
             mt.watch(model, opt)
-            if impl == "mine":
-                w = DDP(model, bucket_size_mb=bucket_size_mb)
-                finish = w.finish_gradient_synchronization
-            else:  # the Reducer allocates its flat bucket here, inside the trace
-                w, finish = DistributedDataParallel(model, bucket_cap_mb=bucket_size_mb), None
             xy = rank_slice(step_batch(model.config, 0, n))
             train_step(w, opt, xy, finish)  # warm-up: AdamW state (and any bucket rebuild)
             opt.zero_grad(set_to_none=True)
-            with phase("measured"):
+            with phase("measured"), record_function("measured"):
                 lm_loss(w, *xy).backward()
                 if finish is not None:
                     finish()
                 opt.step()
         tl = mt.timeline()
         s, e = (i for i, name, _ in tl.markers if name == "measured")
-        out[impl] = max(tl.total()[s : e + 1])
+        out[impl] = {"trace": max(tl.total()[s : e + 1]), "alloc": allocator_peak(prof)}
+        del model, w, opt, prof, mt
     return out
 
 
-def main() -> None:
-    mem = launch("benchmark_ddp:peaks", 2, quiet=True)
-    res = launch("_workers_ddp:benchmark", 2, quiet=True, timeout=300)
-    for m, p in zip(res, mem):
-        for impl in ("mine", "torch"):
-            m[impl]["after_wrap"] = m[impl]["peak"]  # the workers' trace, started after wrapping
-            m[impl]["peak"] = p[impl]
-    print(f"N = {res[0]['n_params']} parameters, 2 ranks, gloo, fp32 AdamW")
-    print(f"weights equal after the timed steps: {all(m['same_weights'] for m in res)}")
-    print(f"{'rank':>4s} {'impl':>8s} {'step ms':>8s} {'peak B':>11s} {'after wrap':>11s}")
+def run(
+    size: str = "bench", steps: int = 20, warmup: int = 3, bucket_size_mb: float = 25.0,
+    n: int = BATCH, with_peaks: bool = True,
+) -> dict:  # fmt: skip
+    """Rank function: median step times (alternating step by step), equal weights, peaks."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from shardlab.models import make_optimizer, rank_slice, step_batch, train_step
+
+    torch.set_num_threads(1)
+    runs = {impl: _build(impl, size, bucket_size_mb) for impl in ("mine", "torch")}
+    opts = {impl: make_optimizer("adamw", runs[impl][0].parameters()) for impl in runs}
+    xy = rank_slice(step_batch(runs["mine"][0].config, 0, n))
+    times: dict = {impl: [] for impl in runs}
+    for i in range(warmup + steps):
+        for impl, (_, w, finish) in runs.items():  # interleaved: both see the same noise
+            dist.barrier()
+            t0 = time.perf_counter()
+            train_step(w, opts[impl], xy, finish)
+            if i >= warmup:
+                times[impl].append(time.perf_counter() - t0)
+    out: dict = {impl: {"step_s": statistics.median(ts)} for impl, ts in times.items()}
+    out["n_params"] = sum(p.numel() for p in runs["mine"][0].parameters())
+    out["same_weights"] = all(
+        torch.equal(a, b)
+        for a, b in zip(runs["mine"][0].parameters(), runs["torch"][0].parameters())
+    )
+    del runs, opts
+    if with_peaks:
+        for impl, p in peaks(size, bucket_size_mb, n).items():
+            out[impl].update(p)
+    return out
+
+
+def ratios(res: list[dict]) -> dict[str, float]:
+    """One launch's ratios ours / PyTorch: step time of the slowest rank (every step ends in
+    a collective, so the ranks agree to within noise), peaks (if measured) of the largest."""
+    out = {"step": max(m["mine"]["step_s"] for m in res) / max(m["torch"]["step_s"] for m in res)}
+    for k in ("trace", "alloc"):
+        if k in res[0]["mine"]:
+            out[k] = max(m["mine"][k] for m in res) / max(m["torch"][k] for m in res)
+    return out
+
+
+def main(
+    size: str = "bench", ranks: int = 2, steps: int | None = None, repeats: int = 1
+) -> list[dict]:
+    """Run ``repeats`` launches; print the first one per rank, then the ratios (median and
+    range over the launches: gloo's worker threads make even the allocator peak vary)."""
+    if size not in BENCH_SIZES:
+        raise ValueError(f"size={size!r} is not one of {', '.join(BENCH_SIZES)}")
+    if repeats < 1 or ranks < 1:
+        raise ValueError(f"repeats={repeats} and ranks={ranks} must be >= 1")
+    if BATCH % ranks:
+        raise ValueError(f"ranks={ranks} must divide the global batch of {BATCH} sequences")
+    kw = {"steps": steps or (20 if size == "bench" else 6)}
+    kw["warmup"] = 3 if size == "bench" else 2
+    launches = [
+        launch("benchmark_ddp:run", ranks, size, quiet=True, timeout=900, **kw)
+        for i in range(repeats)
+    ]
+    per_launch = [ratios(res) for res in launches]
+    res = launches[0]
+    print(
+        f"N = {res[0]['n_params']:,} parameters ({size}), {ranks} ranks, gloo, fp32 AdamW, "
+        f"median of {kw['steps']} steps"
+    )
+    same = all(m["same_weights"] for r in launches for m in r)
+    print(f"weights equal after the timed steps: {same}")
+    print(f"{'rank':>4s} {'impl':>6s} {'step ms':>8s} {'peak trace B':>13s} {'peak alloc B':>13s}")
     for r, m in enumerate(res):
         for impl in ("mine", "torch"):
             d = m[impl]
-            print(
-                f"{r:4d} {impl:>8s} {d['step_s'] * 1e3:8.2f} {d['peak']:11,d} {d['after_wrap']:11,d}"
-            )
-        t = m["mine"]["step_s"] / m["torch"]["step_s"]
-        p = m["mine"]["peak"] / m["torch"]["peak"]
-        a = m["mine"]["after_wrap"] / m["torch"]["after_wrap"]
-        print(f"{r:4d} {'ratio':>8s} {t:8.2f} {p:11.3f} {a:11.3f}")
+            print(f"{r:4d} {impl:>6s} {d['step_s'] * 1e3:8.1f} {d['trace']:13,d} {d['alloc']:13,d}")
+    if repeats > 1:
+        print("step ratio per launch: " + " ".join(f"{p['step']:.3f}" for p in per_launch))
+    more = f", median [min-max] of {repeats} launches" if repeats > 1 else ""
+    print(f"ratio ours / PyTorch{more}")
+    for k, label in (("step", "step time"), ("trace", "peak trace"), ("alloc", "peak alloc")):
+        v = [p[k] for p in per_launch if k in p]
+        spread = f" [{min(v):.3f}-{max(v):.3f}]" if len(v) > 1 else ""
+        print(f"  {label:10s} {statistics.median(v):.3f}{spread}")
+    return per_launch
 
 
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=list(BENCH_SIZES), default="bench")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (20 bench, 6 25m)")
+    ap.add_argument("--repeats", type=int, default=1)
+    a = ap.parse_args()
+    main(a.size, a.ranks, a.steps, a.repeats)

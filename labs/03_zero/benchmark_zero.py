@@ -1,52 +1,219 @@
-"""From-scratch ZeRO-1 / ZeRO-2 vs PyTorch DDP + ZeroRedundancyOptimizer, one 2-rank launch.
+"""From-scratch ZeRO-1 / ZeRO-2 vs PyTorch DDP + ZeroRedundancyOptimizer, on CPU with gloo.
 
-Same model (the package's GPT, ``bench`` size in ``shardlab.models.SIZES``), same data,
-1 MB buckets (about 4 for this model; one 25 MB bucket would hold every gradient at once and
-undo ZeRO-2's saving), AdamW. Step time: median over 20 steps after 3 warm-up steps, the three
-implementations alternating step by step. Peak: traced by MemoryTrace over one step.
-Prints a table per rank with the ratios from scratch / PyTorch (goal: <= 1.0).
-Run: ``python labs/03_zero/benchmark_zero.py``.
+    python benchmark_zero.py [--size bench|25m] [--ranks 2] [--steps 20] [--repeats 1]
 
-What the peak counts (audit, torch 2.13, CPU, 2 ranks). MemoryTrace counts every storage an
-operator touches on the rank's main thread. PyTorch side: DDP's C++ Reducer bucket (made at
-wrap time, before the trace; 3.45 MB = all gradients, held besides ``param.grad``) and
-ZeroRedundancyOptimizer's state are counted in full: starting the trace before building gives
-the same step peak to the byte (15,293,276 B), and so does the CPU allocator's own count
-(``torch.profiler``, ``profile_memory=True``, all threads, separate runs). From-scratch side:
-flat buffers are tagged; but gloo's worker threads allocate temporaries for
-``reduce_scatter_tensor``/``all_gather_into_tensor`` that MemoryTrace does not see (PyTorch's
-side only all-reduces and broadcasts in place). The allocator count was 0-2.1 MB higher than
-the trace for ZeRO-1/2, depending on timing: ZeRO-1 15.16-17.26 MB (ratio 0.99-1.13),
-ZeRO-2 14.76-16.35 MB (0.97-1.07), against the trace's 0.991 and 0.939. The printed ratios
-are the trace's, so they may flatter ZeRO-1/2 by up to about 0.13.
+Same model (the package's GPT: ``bench`` in ``shardlab.models.SIZES``, 0.86 M parameters,
+or ``25m``, the same GPT at d_model 512 and 8 layers, 25.5 M parameters), same data (8
+sequences per step in all), fp32 AdamW, same bucket size on all three sides: 1 MB at
+``bench`` (about 4 buckets; one 25 MB bucket would hold every gradient at once and undo
+ZeRO-2's saving), 25 MB at ``25m`` (four or five buckets of 102 MB of gradients). Step time:
+median over ``--steps`` steps after the warm-up steps, the three implementations alternating
+step by step. Ratios are from scratch / PyTorch (goal: <= 1.0); with ``--repeats`` the
+launches are repeated and the median and range of the ratios printed. ``main()`` without
+arguments is the fast run the lab notebook shows.
+
+Two peaks of one step after a warm-up step, each side built inside both meters
+(:func:`peaks`):
+
+* ``trace``: MemoryTrace's largest live tensor bytes on the rank's main thread. PyTorch's
+  side is counted in full (DDP's Reducer bucket, a flat copy of all gradients held besides
+  ``param.grad``; ZeroRedundancyOptimizer's state).
+* ``alloc``: the CPU allocator's own count (``torch.profiler``, ``profile_memory=True``) from
+  before construction to the end of the measured step. It also sees the temporaries gloo
+  allocates on its worker threads for ``reduce_scatter_tensor`` / ``all_gather_into_tensor``
+  (our side; PyTorch's side only all-reduces and broadcasts in place), which the trace
+  cannot, so it is the fair one for ZeRO-1/2.
+
+Measured: see the table in ``book/03_zero.ipynb`` ("Benchmarks at two sizes") and below.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from shardlab.runtime import launch  # noqa: E402
 
+# Overrides of shardlab.models.SIZES["bench"] (vocab 256, seq 32, 4 layers, d_model 128).
+BENCH_SIZES: dict[str, dict[str, int]] = {
+    "bench": {},  # 0.86 M parameters: fixed per-step overheads dominate
+    "25m": dict(d_model=512, n_layer=8, n_head=8),  # 25.5 M: 102 MB of gradients
+}
+BUCKET_MB = {"bench": 1.0, "25m": 25.0}
+BATCH = 8  # global sequences per step
+IMPLS = ("zero1", "zero2", "torch")
 
-def main() -> None:
-    res = launch("_workers_zero:benchmark", 2, quiet=True, timeout=300)
-    print(f"N = {res[0]['n_params']} parameters, 2 ranks, gloo, fp32 AdamW")
-    diff = max(d for m in res for d in m["max_diff"].values())
+
+def _build(impl: str, size: str, bucket_size_mb: float):
+    """(model, forward module, optimizer-like, finish, inner optimizer) for one layout."""
+    from _workers_zero import ShardedOptimizer, ZeRO2
+    from shardlab.models import OPTIMIZERS, tiny_gpt
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    cls, kw = OPTIMIZERS["adamw"]
+    model = tiny_gpt("plain", size="bench", **BENCH_SIZES[size])
+    if impl == "zero1":
+        opt = ShardedOptimizer(list(model.parameters()), cls, bucket_size_mb=bucket_size_mb, **kw)
+        return model, model, opt, None, opt.optim
+    if impl == "zero2":
+        z = ZeRO2(model, cls, bucket_size_mb=bucket_size_mb, **kw)
+        return model, z, z, z.finish_gradient_synchronization, z.optimizer
+    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_size_mb)
+    zro = ZeroRedundancyOptimizer(list(model.parameters()), cls, **kw)
+    return model, ddp, zro, None, zro.optim
+
+
+def allocator_peak(prof, window: str = "measured") -> int:
+    """Largest live bytes by the CPU allocator's count recorded by ``prof`` (all
+    (de)allocations since the profiler started, gloo's worker threads included) while the
+    ``record_function(window)`` block ran."""
+    events = prof.profiler.kineto_results.events()
+    (w,) = [e for e in events if e.name() == window]
+    mem = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    live = sum(nbytes for t, nbytes in mem if t < w.start_ns())
+    peak = live
+    for t, nbytes in mem:
+        if w.start_ns() <= t <= w.end_ns():
+            live += nbytes
+            peak = max(peak, live)
+    return peak
+
+
+def peaks(size: str = "bench", bucket_size_mb: float = 1.0, n: int = BATCH) -> dict:
+    """Rank function: ``{impl: {"trace": bytes, "alloc": bytes}}`` of one measured step."""
+    import torch
+    from shardlab.models import lm_loss, rank_slice, step_batch, train_step
+    from shardlab.runtime import MemoryTrace, phase
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    torch.set_num_threads(1)
+    out = {}
+    for impl in IMPLS:
+        with (
+            profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+            MemoryTrace() as mt,
+        ):
+            model, fwd, opt, finish, inner = _build(impl, size, bucket_size_mb)
+            mt.watch(model, inner)
+            xy = rank_slice(step_batch(model.config, 0, n))
+            train_step(fwd, opt, xy, finish)  # warm-up: creates the AdamW state
+            opt.zero_grad()
+            with phase("measured"), record_function("measured"):
+                lm_loss(fwd, *xy).backward()
+                if finish is not None:
+                    finish()
+                opt.step()
+        tl = mt.timeline()
+        s, e = (i for i, name, _ in tl.markers if name == "measured")
+        out[impl] = {"trace": max(tl.total()[s : e + 1]), "alloc": allocator_peak(prof)}
+        del model, fwd, opt, finish, inner, prof, mt
+    return out
+
+
+def run(
+    size: str = "bench", steps: int = 20, warmup: int = 3, bucket_size_mb: float | None = None,
+    n: int = BATCH, with_peaks: bool = True,
+) -> dict:  # fmt: skip
+    """Rank function: median step times (alternating step by step), weight gaps, peaks."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from shardlab.models import rank_slice, step_batch, train_step
+
+    torch.set_num_threads(1)
+    bucket = BUCKET_MB[size] if bucket_size_mb is None else bucket_size_mb
+    runs = {impl: _build(impl, size, bucket) for impl in IMPLS}
+    xy = rank_slice(step_batch(runs["zero1"][0].config, 0, n))
+    times: dict = {impl: [] for impl in IMPLS}
+    for i in range(warmup + steps):
+        for impl, (_, fwd, opt, finish, _) in runs.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            train_step(fwd, opt, xy, finish)
+            if i >= warmup:
+                times[impl].append(time.perf_counter() - t0)
+    out: dict = {impl: {"step_s": statistics.median(ts)} for impl, ts in times.items()}
+    ref = list(runs["torch"][0].parameters())
+    out["max_diff"] = {
+        impl: max((a - b).abs().max().item() for a, b in zip(runs[impl][0].parameters(), ref))
+        for impl in ("zero1", "zero2")
+    }
+    out["n_params"] = sum(p.numel() for p in ref)
+    del runs
+    if with_peaks:
+        for impl, p in peaks(size, bucket, n).items():
+            out[impl].update(p)
+    return out
+
+
+def ratios(res: list[dict]) -> dict[str, dict[str, float]]:
+    """One launch's ratios ours / PyTorch per layout: step time of the slowest rank (every
+    step ends in a collective), peaks (if measured) of the largest rank (ZeRO-1's owners are
+    uneven)."""
+    keys = [k for k in ("step_s", "trace", "alloc") if k in res[0]["torch"]]
+    ref = {k: max(m["torch"][k] for m in res) for k in keys}
+    return {
+        impl: {k.removesuffix("_s"): max(m[impl][k] for m in res) / ref[k] for k in keys}
+        for impl in ("zero1", "zero2")
+    }
+
+
+def main(
+    size: str = "bench", ranks: int = 2, steps: int | None = None, repeats: int = 1
+) -> list[dict]:
+    """Run ``repeats`` launches; print the first one per rank, then the ratios (median and
+    range over the launches: gloo's worker threads make even the allocator peak vary)."""
+    if size not in BENCH_SIZES:
+        raise ValueError(f"size={size!r} is not one of {', '.join(BENCH_SIZES)}")
+    if repeats < 1 or ranks < 1:
+        raise ValueError(f"repeats={repeats} and ranks={ranks} must be >= 1")
+    if BATCH % ranks:
+        raise ValueError(f"ranks={ranks} must divide the global batch of {BATCH} sequences")
+    kw = {"steps": steps or (20 if size == "bench" else 6)}
+    kw["warmup"] = 3 if size == "bench" else 2
+    launches = [
+        launch("benchmark_zero:run", ranks, size, quiet=True, timeout=900, **kw)
+        for i in range(repeats)
+    ]
+    per_launch = [ratios(res) for res in launches]
+    res = launches[0]
+    print(
+        f"N = {res[0]['n_params']:,} parameters ({size}), {ranks} ranks, gloo, fp32 AdamW, "
+        f"{BUCKET_MB[size]:g} MB buckets, median of {kw['steps']} steps"
+    )
+    diff = max(d for r in launches for m in r for d in m["max_diff"].values())
     print(f"largest |weight - PyTorch's| after the timed steps: {diff:.1e}")
-    print(f"{'rank':>4s} {'impl':>6s} {'step ms':>8s} {'ratio':>6s} {'peak KiB':>9s} {'ratio':>6s}")
+    print(f"{'rank':>4s} {'impl':>6s} {'step ms':>8s} {'peak trace B':>13s} {'peak alloc B':>13s}")
     for r, m in enumerate(res):
-        ref = m["torch"]
-        for impl in ("torch", "zero1", "zero2"):
-            t = m[impl]["step_s"] / ref["step_s"]
-            p = m[impl]["peak"] / ref["peak"]
-            print(
-                f"{r:4d} {impl:>6s} {m[impl]['step_s'] * 1e3:8.2f} {t:6.2f}"
-                f" {m[impl]['peak'] / 2**10:9.1f} {p:6.3f}"
-            )
+        for impl in IMPLS:
+            d = m[impl]
+            print(f"{r:4d} {impl:>6s} {d['step_s'] * 1e3:8.1f} {d['trace']:13,d} {d['alloc']:13,d}")
+    more = f", median [min-max] of {repeats} launches" if repeats > 1 else ""
+    print(f"ratio ours / PyTorch (slowest rank's step, largest rank's peak){more}")
+    for impl in ("zero1", "zero2"):
+        if repeats > 1:
+            each = " ".join(f"{p[impl]['step']:.3f}" for p in per_launch)
+            print(f"  {impl} step ratio per launch: {each}")
+        cells = []
+        for k in ("step", "trace", "alloc"):
+            v = [p[impl][k] for p in per_launch if k in p[impl]]
+            spread = f" [{min(v):.3f}-{max(v):.3f}]" if len(v) > 1 else ""
+            cells.append(f"{k} {statistics.median(v):.3f}{spread}")
+        print(f"  {impl}: " + ", ".join(cells))
+    return per_launch
 
 
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=list(BENCH_SIZES), default="bench")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (20 bench, 6 25m)")
+    ap.add_argument("--repeats", type=int, default=1)
+    a = ap.parse_args()
+    main(a.size, a.ranks, a.steps, a.repeats)
