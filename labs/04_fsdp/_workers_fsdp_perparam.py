@@ -90,7 +90,11 @@ def reference_mixed(kind: str, opt: str, world: int, mp: MixedPrecision, steps: 
 def registered(model: PerParamFSDP) -> dict:
     """What ``model.module`` exposes: names, shapes and dtypes of parameters and grads."""
     return {
-        n: (tuple(p.shape), p.dtype, None if p.grad is None else (tuple(p.grad.shape), p.grad.dtype))
+        n: (
+            tuple(p.shape),
+            p.dtype,
+            None if p.grad is None else (tuple(p.grad.shape), p.grad.dtype),
+        )
         for n, p in model.module.named_parameters()
     }
 
@@ -142,7 +146,8 @@ def mode_row(mode: str, world: int) -> dict:
         "N_padded_wrapper": model.padded_numel,
         "all_gathers": tr.count(op="all_gather"),
         "reduce_scatters": tr.count(op="reduce_scatter"),
-        "other_collectives": len(tr.select()) - tr.count(op="all_gather")
+        "other_collectives": len(tr.select())
+        - tr.count(op="all_gather")
         - tr.count(op="reduce_scatter"),
         "sent_bytes": tr.sent_bytes(),
         "sent_predicted": sent_pred,
@@ -266,7 +271,6 @@ def benchmark(steps: int = 10, batch: int = 8, **cfg) -> dict | None:
         res[name]["ratio_time"] = res[name]["step_s"] / res["fsdp2"]["step_s"]
         res[name]["ratio_peak"] = res[name]["peak_bytes"] / res["fsdp2"]["peak_bytes"]
     return res if dist.get_rank() == 0 else None
-
 
 
 def predicted_peak_pp(model: PerParamFSDP, world: int, cfg: PerParamConfig, batch: int, acts):

@@ -1,22 +1,28 @@
-"""Benchmark: this lab's FSDP vs PyTorch FSDP2 (``fully_shard``) in one launch.
+"""Benchmark: this lab's FSDP (flat units and per-parameter) vs PyTorch FSDP2 in one launch.
 
     python benchmark_fsdp.py [--ranks 2] [--steps 10] [--d-model 64] [--layers 4]
+    python benchmark_fsdp.py --size 25m --ranks 2 4 [--steps 5]
 
-Both wrap one unit per block plus the root, train the same model on the same data, and are
-measured in the same processes: median step time (forward + backward + gradient
-synchronisation + AdamW) and the peak of live tensor bytes of one step (MemoryTrace).
-Ratios are from scratch / PyTorch (below 1.0: ours is faster or smaller).
+All three wrap one unit per block plus the root, train the same model on the same data, and
+are measured in the same processes: median step time (forward + backward + gradient
+synchronisation + AdamW) and the peak of live tensor bytes of one step (MemoryTrace). Ratios
+are from scratch / FSDP2 (below 1.0: ours is faster or smaller). Sizes: ``fast`` (default,
+``--d-model``/``--layers``, 0.2 M parameters with the defaults; ``make test`` and the lab
+notebook use it) and ``25m`` (d_model 512, 8 blocks: 25.2 M parameters, 101 MB of fp32
+weights, four 25 MB buckets' worth, every block 12.6 MB), where the collectives move
+megabytes and fixed per-call overheads no longer dominate.
 
 What the peak counts (audit, torch 2.13, CPU, 2 ranks, defaults). MemoryTrace counts every
 storage an operator touches on the rank's main thread (FSDP2's DTensor shards through their
 local tensors, all-gather buffers freed/re-allocated by ``resize_``). Starting the trace
 before ``fully_shard`` gives FSDP2's step peak to within 8 bytes, so nothing made at wrap
-time is missed. Both sides run the same collectives (8 all-gathers and 4 reduce-scatters of
-49,984 elements plus the root's), and gloo's worker threads allocate temporaries for them that
+time is missed. All run the same collectives (8 all-gathers and 4 reduce-scatters of a
+block plus the root's), and gloo's worker threads allocate temporaries for them that
 MemoryTrace does not see: the CPU allocator's own count (``torch.profiler``,
-``profile_memory=True``, all threads, separate runs) was higher by 0.23-0.44 MB for ours and
-0.08-0.20 MB for FSDP2, giving ratios 1.11-1.12 instead of the trace's 1.03-1.06. FSDP2's
-trace peak itself varies by run (2.49-2.57 MB) with the timing of frees.
+``profile_memory=True``, all threads, separate runs) was higher by 0.23-0.44 MB for the flat
+units and 0.08-0.20 MB for FSDP2 at the fast size. FSDP2's trace peak itself varies by run
+(2.49-2.57 MB at the fast size) with the timing of frees; the per-parameter mode frees its
+collective buffers with ``resize_``, so its peak does not depend on when gloo lets go.
 """
 
 from __future__ import annotations
@@ -27,29 +33,50 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+SIZES = {"25m": {"d_model": 512, "n_layer": 8}}  # "fast" comes from --d-model / --layers
+MODES = ("flat", "per-param", "fsdp2")
 
-def main(argv: list[str] | None = None) -> dict:
+
+def run(size: str, ranks: int, steps: int, batch: int, cfg: dict) -> dict:
     from shardlab.runtime import launch
 
+    return launch(
+        "_workers_fsdp_perparam:benchmark", ranks, steps=steps, batch=batch, **cfg, quiet=True
+    )[0]
+
+
+def print_table(res: dict, size: str, ranks: int, batch: int, steps: int) -> None:
+    print(f"size {size} {res['model']}: {res['N']:,} parameters, {ranks} ranks, "
+          f"batch {batch}, median of {steps} steps")  # fmt: skip
+    print(f"{'':10}{'step ms':>10}{'peak bytes':>14}{'time / FSDP2':>14}{'peak / FSDP2':>14}")
+    for name in MODES:
+        r = res[name]
+        ratios = f"{r['ratio_time']:14.2f}{r['ratio_peak']:14.3f}" if name != "fsdp2" else ""
+        print(f"{name:10}{r['step_s'] * 1e3:10.2f}{r['peak_bytes']:14,d}{ratios}")
+
+
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--size", choices=("fast", *SIZES), default="fast")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2])
+    ap.add_argument("--steps", type=int, default=None, help="default 10 (fast), 5 (25m)")
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
     a = ap.parse_args(argv)
-    res = launch(
-        "_workers_fsdp:benchmark", a.ranks, steps=a.steps, batch=a.batch,
-        d_model=a.d_model, n_layer=a.layers, quiet=True,
-    )[0]  # fmt: skip
-    print(f"model {res['model']}, {a.ranks} ranks, batch {a.batch}, median of {a.steps} steps")
-    print(f"{'':8}{'step ms':>10}{'peak bytes':>14}")
-    for name in ("ours", "fsdp2"):
-        r = res[name]
-        print(f"{name:8}{r['step_s'] * 1e3:10.2f}{r['peak_bytes']:14,d}")
-    print(f"ratio step time (ours / FSDP2): {res['ratio_time']:.2f}")
-    print(f"ratio peak bytes (ours / FSDP2): {res['ratio_peak']:.3f}")
-    return res
+    for r in a.ranks:
+        if r < 1 or a.batch % r:
+            raise ValueError(f"--ranks {r} must be >= 1 and divide --batch {a.batch}")
+    cfg = SIZES.get(a.size, {"d_model": a.d_model, "n_layer": a.layers})
+    steps = a.steps or (10 if a.size == "fast" else 5)
+    runs = {}
+    for ranks in a.ranks:
+        res = runs[ranks] = run(a.size, ranks, steps, a.batch, cfg)
+        print_table(res, a.size, ranks, a.batch, steps)
+    first = runs[a.ranks[0]]
+    # the flat units' ratios at the top level (what the lab notebook reads)
+    return {**first, "ratio_time": first["flat"]["ratio_time"],
+            "ratio_peak": first["flat"]["ratio_peak"], "runs": runs}  # fmt: skip
 
 
 if __name__ == "__main__":
