@@ -114,6 +114,7 @@ def load_and_continue(path: str, save_root: str | None = None, save_at=(), bad=(
         train_step(model, opt, step)
         if step in save_at:
             ckpt.save_checkpoint(save_root, step, model, opt)
+            out[step] = snapshot(model, opt)
     out["final"] = model.full_state_dict()
     if rank == 0:
         out["reference"] = reference_continue(loaded, rep.step, world)

@@ -29,6 +29,27 @@ def dir_bytes(path: Path) -> tuple[int, int]:
     return sum(p.stat().st_size for p in files), len(files)
 
 
+def dcp_layout(path: Path) -> dict:
+    """DCP's tensor payload, its ``.metadata`` and the number of records it wrote: each
+    (tensor, rank) piece is one record of its own in a ``.distcp`` file."""
+    import math
+
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    md = FileSystemReader(str(path)).read_metadata()
+    payload = 0
+    for m in md.state_dict_metadata.values():
+        if isinstance(m, TensorStorageMetadata):
+            item = m.properties.dtype.itemsize
+            payload += sum(math.prod(c.sizes) * item for c in m.chunks)
+    return {
+        "dcp_payload": payload,
+        "dcp_records": len(md.storage_data),
+        "dcp_metadata": (Path(path) / ".metadata").stat().st_size,
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     import checkpoint as ckpt
     import torch
@@ -57,6 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
         res = {"n_params": save[0]["n_params"], "save": save[0], "load": {}}
         res["ours_bytes"], res["ours_files"] = dir_bytes(path)
         res["dcp_bytes"], res["dcp_files"] = dir_bytes(dcp_dir)
+        res.update(dcp_layout(dcp_dir))
         res["ours_predicted"] = acc.checkpoint_bytes(numels, a.save_ranks, 2, 4, rng)
         res["meta_bytes"] = (path / "meta.json").stat().st_size
         for d in a.load_ranks:
@@ -79,6 +101,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"ours: shard files {res['ours_bytes'] - res['meta_bytes']:,} B = "
           f"accounting.checkpoint.checkpoint_bytes {res['ours_predicted']:,} B; "
           f"meta.json {res['meta_bytes']:,} B")  # fmt: skip
+    over = res["dcp_bytes"] - res["dcp_payload"] - res["dcp_metadata"]
+    print(f"DCP: tensor payload {res['dcp_payload']:,} B, .metadata {res['dcp_metadata']:,} B, "
+          f"{res['dcp_records']} records in .distcp files carrying {over:,} B of framing "
+          f"({over / res['dcp_records']:,.0f} B per record)")  # fmt: skip
     for d, r in res["load"].items():
         ok = "=" if r["read"] == r["predicted"] else "!="
         print(f"ours, bytes read per rank at D={d}: {r['read']} {ok} reshard_read_bytes")
