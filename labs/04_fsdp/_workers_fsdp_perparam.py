@@ -158,6 +158,29 @@ def mode_row(mode: str, world: int) -> dict:
     }
 
 
+def mixed_bytes_row(world: int) -> dict:
+    """Bytes sent by one step with bf16 gathers, fp32 reduction, fp32 replicated norms."""
+    x, y = make_batches(1, seed=7)[0]
+    model, _ = train_pp("plain", "adamw", PerParamConfig(wrap=LEAVES, mp=BF16_NORMS_FP32), 0)
+    with CommTrace() as tr:
+        accumulate(model, rank_slice(x), rank_slice(y))
+    npad, nrep = n_padded(model), model.replicated_numel
+    q_param = torch.tensor([], dtype=model.config.mp.param_dtype).element_size()
+    pred = {  # two gathers (forward, backward) in param_dtype; reductions in fp32
+        "all_gather": 2 * comm.ring_sent_bytes("all_gather", q_param * npad, world),
+        "reduce_scatter": comm.ring_sent_bytes("reduce_scatter", 4 * npad, world),
+        "all_reduce": comm.step_volume("ddp", nrep, world, 4),
+    }
+    return {
+        "N_padded": npad,
+        "N_replicated": nrep,
+        "units": len(model.units),
+        **{f"{op}s": tr.count(op=op) for op in pred},
+        **{f"measured_{op}": tr.sent_bytes(op=op) for op in pred},
+        **{f"predicted_{op}": b for op, b in pred.items()},
+    }
+
+
 def check_perparam(level: str = "full") -> dict | None:
     """Every correctness, byte and policy check of one launch; rank 0 returns the report."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -179,6 +202,9 @@ def check_perparam(level: str = "full") -> dict | None:
     rep["registered"] = registered(model)
     rep["original"] = {n: tuple(p.shape) for n, p in make_model("plain").named_parameters()}
     rep["modes"] = [mode_row("flat", world), mode_row("per-param", world)]
+    rep["mixed_bytes"] = mixed_bytes_row(world)
+    if level == "full":
+        rep["memory"] = memory_rows_pp(world)
     # gradient clipping through model.parameters(): global norm, all-reduced
     clipped, _ = train_pp("plain", "sgd", clip=CLIP)
     sd = clipped.full_state_dict()
@@ -360,3 +386,17 @@ def memory_rows_pp(world: int) -> list[dict]:
                 }
             )
     return rows
+
+
+def extra_checks_pp() -> dict | None:
+    """Hidden-test launch (4 ranks): the public checks, FSDP2, fp16, peaks."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rep = check_perparam("small")
+    pytorch, memory_rows = compare_fsdp2(), memory_rows_pp(world)
+    fp16 = MixedPrecision(torch.float16, torch.float32)
+    sd = train_pp("plain", "adamw", PerParamConfig(mp=fp16))[0].full_state_dict()
+    if rank == 0:
+        rep.update(pytorch=pytorch, memory=memory_rows)
+        rep["fp16"] = compare(sd, reference_mixed("plain", "adamw", world, fp16))
+        return rep
+    return None
