@@ -144,6 +144,12 @@ def mode_row(mode: str, world: int) -> dict:
         "N_padded": npad,
         "padding": npad - n,
         "N_padded_wrapper": model.padded_numel,
+        # the same units padded as flat vectors (what lab 04's FlatParam stores)
+        "N_padded_flat_units": sum(
+            memory.fsdp_padded_numel([s.shape for s in u.slots], world, "flat") for u in model.units
+        )
+        if mode == "per-param"
+        else npad,
         "all_gathers": tr.count(op="all_gather"),
         "reduce_scatters": tr.count(op="reduce_scatter"),
         "other_collectives": len(tr.select())
@@ -201,7 +207,7 @@ def check_perparam(level: str = "full") -> dict | None:
     model.finish_gradient_synchronization()
     rep["registered"] = registered(model)
     rep["original"] = {n: tuple(p.shape) for n, p in make_model("plain").named_parameters()}
-    rep["modes"] = [mode_row("flat", world), mode_row("per-param", world)]
+    rep["modes"] = [mode_row("per-param", world)]  # the flat units' row: modes_report()
     rep["mixed_bytes"] = mixed_bytes_row(world)
     if level == "full":
         rep["memory"] = memory_rows_pp(world)
@@ -400,3 +406,17 @@ def extra_checks_pp() -> dict | None:
         rep["fp16"] = compare(sd, reference_mixed("plain", "adamw", world, fp16))
         return rep
     return None
+
+
+def modes_report() -> dict | None:
+    """Flat units and per-parameter shards side by side (one step each): the chapter's table."""
+    world = dist.get_world_size()
+    rows = [mode_row("flat", world), mode_row("per-param", world)]
+    model, _ = train_pp("plain", "adamw", None, 0)
+    flat, _ = train_fsdp("plain", "adamw", None, 0)
+    sd = {
+        "per-param": {k: tuple(v.shape) for k, v in model.module.state_dict().items()},
+        "flat": {k: tuple(v.shape) for k, v in flat.state_dict().items()},
+        "full": {k: tuple(v.shape) for k, v in model.full_state_dict().items()},
+    }
+    return {"world": world, "modes": rows, "state_dict": sd} if dist.get_rank() == 0 else None
