@@ -14,9 +14,9 @@ from shardlab.models import lm_loss, rank_slice, split_microbatches, step_batch,
 STEPS = 8
 LAYOUTS = memory.LAYOUTS
 # Loss tolerance against a single process taking the whole batch in one backward (derivation in
-# test_mixed_precision.py): 4 fp32 ulps at step 0 (equal weights), 2**-13 relative for STEPS.
+# test_mixed_precision.py): 4 fp32 ulps at step 0 (equal weights), 2**-11 relative for STEPS.
 STEP0_RTOL = 4 * torch.finfo(torch.float32).eps
-LOSS_RTOL = 2.0**-13
+LOSS_RTOL = 2.0**-11
 
 
 def _nbytes(t: torch.Tensor | None) -> int:

@@ -19,10 +19,12 @@ gradient is rounded once from one fp32 accumulation, ours from two half-batch ro
 runs differ by bf16 rounding of the gradients (relative 2**-9), which AdamW passes on mostly
 where a gradient is near zero (its sign decides a +-lr move). At step 0 the weights are equal
 and only the fp32 mean of the loss is taken in a different order: we allow 4 fp32 ulps
-(rtol = 4 * 2**-23; measured 2 ulps). Over STEPS = 8 steps we require every loss within
-rtol = 2**-13 (1.2e-4 relative, 1/32 of bf16's own resolution 2**-8, i.e. the trajectories
-agree far below what bf16 can store of the loss itself); measured at most 6.2e-5 absolute
-(2.2e-5 relative) on 2 ranks and 6.2e-5 on 4.
+(rtol = 4 * 2**-23; measured 2 ulps). Over STEPS = 8 steps every loss must be within
+rtol = 2**-11 (4.9e-4), 1/8 of bf16's relative resolution 2**-8: the loss is computed from bf16
+logits, so one bf16 rounding of the weights or activations already moves it by about 2**-9;
+the trajectories must agree to well below one bf16 ulp of the loss. Measured: at most 2.2e-5
+relative here (24 sequences per step; 6.2e-5 absolute), on 4 ranks the same order, and 8.4e-5
+in lab 04's FSDP test (4 sequences per step: fewer terms per gradient, larger relative rounding).
 """
 
 from __future__ import annotations

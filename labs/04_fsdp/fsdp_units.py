@@ -1,7 +1,9 @@
 """Storage layer of the FSDP lab: flat, padded, sharded parameters (the schedule is in fsdp.py).
 
 A :class:`FlatParam` takes the parameters of one FSDP unit that share ``requires_grad``,
-concatenates them into one 1-D fp32 vector of ``numel`` elements, pads it with zeros to
+concatenates them into one 1-D vector of ``numel`` elements in the parameters' dtype (fp32,
+or bf16 for a model cast before wrapping: the lecture's 16-byte recipe, whose fp32 master then
+lives in the optimizer), pads it with zeros to
 ``padded = ceil(numel / D) * D`` and keeps only this rank's ``padded / D`` slice as an
 ``nn.Parameter`` (``.shard``): that is all the weight state a rank stores. While the unit
 computes, ``.buffer`` (``padded`` elements in the compute dtype) holds the all-gathered copy
@@ -63,9 +65,10 @@ class FlatParam:
         self.numel = offset
         self.padded = padded_numel(offset, self.world)
         self.shard_numel = self.padded // self.world
-        # BEGIN SOLUTION hint: flatten the params into one fp32 vector padded to self.padded, copy rank 0's values everywhere, keep this rank's slice as nn.Parameter self.shard
-        flat = torch.zeros(self.padded, dtype=torch.float32)  # (padded,)
-        flat[: self.numel] = torch.cat([p.detach().reshape(-1).float() for p, _ in params])
+        self.param_dtype = params[0][0].dtype  # dtype of the stored shard (fp32 unless cast)
+        # BEGIN SOLUTION hint: flatten the params into one vector of self.param_dtype padded to self.padded, copy rank 0's values everywhere, keep this rank's slice as nn.Parameter self.shard
+        flat = torch.zeros(self.padded, dtype=self.param_dtype)  # (padded,)
+        flat[: self.numel] = torch.cat([p.detach().reshape(-1) for p, _ in params])
         # every rank must start from the same weights: take rank 0's
         dist.broadcast(flat, group=group, group_src=0)
         lo = self.rank * self.shard_numel
@@ -75,7 +78,7 @@ class FlatParam:
         self.gathered = False  # True when buffer holds the full parameters
         self._gather_work = None  # pending async all-gather
         self._rs = None  # pending async reduce-scatter: (work, out, inp)
-        self.unsharded_grad: torch.Tensor | None = None  # fp32 (padded,), used under no_sync
+        self.unsharded_grad: torch.Tensor | None = None  # (padded,) reduce dtype, under no_sync
         for slot, view in zip(self.slots, self.buffer[: self.numel].split(self.sizes())):
             for mod, attr, _ in slot.aliases:
                 mod._parameters.pop(attr, None)
@@ -150,14 +153,14 @@ class FlatParam:
         # END SOLUTION
 
     def drain(self) -> None:
-        """Wait for the pending reduce-scatter; average by D into the fp32 ``shard.grad``."""
+        """Wait for the pending reduce-scatter; average by D into ``shard.grad`` (shard dtype)."""
         if self._rs is None:
             return
-        # BEGIN SOLUTION hint: wait, divide the summed shard by D, cast to fp32 and add it to shard.grad (or set it)
+        # BEGIN SOLUTION hint: wait, divide the summed shard by D, cast to the shard's dtype and add it to shard.grad (or set it)
         work, out, _ = self._rs
         work.wait()
         self._rs = None
-        out = out.div_(self.world).to(torch.float32)  # sum over ranks -> mean
+        out = out.div_(self.world).to(self.shard.dtype)  # sum over ranks -> mean
         if self.shard.grad is None:
             self.shard.grad = out
         else:
@@ -165,8 +168,8 @@ class FlatParam:
         # END SOLUTION
 
     def full_params(self) -> dict[str, torch.Tensor]:
-        """All-gather the fp32 shards and return ``{name: tensor}`` for every alias (a copy)."""
-        full = torch.empty(self.padded, dtype=torch.float32)  # (padded,)
+        """All-gather the shards (their dtype) and return ``{name: tensor}`` per alias (a copy)."""
+        full = torch.empty(self.padded, dtype=self.shard.dtype)  # (padded,)
         all_gather_into_tensor(full, self.shard.detach(), group=self.group)
         out = {}
         for slot, view in zip(self.slots, full[: self.numel].split(self.sizes())):
