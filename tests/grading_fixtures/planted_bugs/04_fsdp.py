@@ -17,9 +17,9 @@ checkpoint tests on the bugged lab).
 """
 
 FILE = "fsdp_units.py"
-OLD = "        out = out.div_(self.world).to(torch.float32)  # sum over ranks -> mean\n"
+OLD = "        out = out.div_(self.world).to(self.shard.dtype)  # sum over ranks -> mean\n"
 NEW = (
-    "        out = out.to(torch.float32)  # planted bug: the sum over ranks is kept, not the mean\n"
+    "        out = out.to(self.shard.dtype)  # planted bug: the sum over ranks is kept, not the mean\n"
 )
 LOST = {
     "test_fsdp.py::test_bitwise_equal_to_split_reference_on_2_ranks",
