@@ -87,6 +87,7 @@ def test_json_report_parses_and_progress_is_plain_text_off_a_terminal():
         assert 0 < row["mfu"]["measured"] < 1 and row["tokens_per_s"]["measured"] > 0
         assert len(row["losses"]) == 3
     assert rep["assumptions"]["peak_tflops_per_rank"] == 0.1  # the stated CPU default
+    assert rep["assumptions"]["peak_source"].startswith("default for CPU")
     # one plain line per step (stderr is a pipe here): no carriage-return redraws
     steps = [ln for ln in p.stderr.splitlines() if ln.startswith("step ")]
     assert [ln.split()[1] for ln in steps] == ["1/3", "2/3", "3/3"] and "\r" not in p.stderr

@@ -195,7 +195,7 @@ class FSDPTPRunner(Runner):
         self.mesh = Mesh(G=g, dp=g // t, tp=t, pp=1)
         self.ag = build_axis_groups(self.mesh)
         self.mc = model_config(self.m)
-        self.forward = fsdp_tp_model(SerialGPT(self.mc), self.ag)
+        self.forward = fsdp_tp_model(SerialGPT(self.mc).to(self.dev), self.ag)
         self.module = self.forward.module
         self.opt = make_optimizer("adamw", self.forward.parameters())
         self.last_block = self.module.blocks[-1]

@@ -27,10 +27,13 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in TORCHRUN_VARS)
 
 
-def _peak_tflops(spec: TrainSpec, device: str) -> float:
+def _peak(spec: TrainSpec, device: str) -> tuple[float, str]:
+    """The peak FLOP/s per rank MFU is measured against, and where it came from."""
     if spec.peak_tflops is not None:
-        return spec.peak_tflops
-    return CUDA_PEAK_TFLOPS if device.startswith("cuda") else CPU_PEAK_TFLOPS
+        return spec.peak_tflops, "--peak-tflops"
+    if device.startswith("cuda"):
+        return CUDA_PEAK_TFLOPS, "default for CUDA: fp32 without tensor cores; set --peak-tflops"
+    return CPU_PEAK_TFLOPS, "default for CPU: one core's fp32 FMA rate; set --peak-tflops"
 
 
 def _print(summary: dict, as_json: bool) -> None:
@@ -72,7 +75,8 @@ def run(spec: TrainSpec, as_json: bool = False, timeout: float = 900.0) -> int:
         drawer.join()
         os.unlink(path)
     how = "shardlab.runtime.launch"
-    _print(summarize(spec, rows, _peak_tflops(spec, rows[0]["device"]), how), as_json)
+    peak, source = _peak(spec, rows[0]["device"])
+    _print(summarize(spec, rows, peak, how, source), as_json)
     return 0
 
 
@@ -91,7 +95,8 @@ def _run_torchrun(spec: TrainSpec, as_json: bool) -> int:
         dist.all_gather_object(rows, row)
         if rank == 0:
             how = f"torchrun ({os.environ.get('LOCAL_WORLD_SIZE', '?')} per node)"
-            _print(summarize(spec, rows, _peak_tflops(spec, rows[0]["device"]), how), as_json)
+            peak, source = _peak(spec, rows[0]["device"])
+            _print(summarize(spec, rows, peak, how, source), as_json)
     finally:
         dist.destroy_process_group()
     return 0

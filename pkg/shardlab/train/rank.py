@@ -70,6 +70,13 @@ def run_rank(spec: TrainSpec, progress_path: str | None = None, stream=None) -> 
     dev = device()
     cuda = dev.type == "cuda"
     runner = _runner_class(spec.layout)(spec, dev)
+    elsewhere = sorted({str(p.device) for p in runner.params()} - {str(dev)})
+    if elsewhere:  # e.g. a module that allocates its flat buffers with torch.zeros(n) on CUDA
+        raise RuntimeError(
+            f"layout {spec.layout}: the module(s) {', '.join(spec.modules.values())} keep "
+            f"parameters on {', '.join(elsewhere)} while this rank computes on {dev}; they "
+            "must allocate on the parameters' device to run there."
+        )
     rank = dist.get_rank()
     bar = StepProgress(spec.steps, path=progress_path, stream=stream) if rank == 0 else None
     times, losses = [], []

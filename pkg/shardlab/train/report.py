@@ -34,7 +34,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
-def summarize(spec, rows: list[dict], peak_tflops: float, how: str) -> dict:
+def summarize(spec, rows: list[dict], peak_tflops: float, how: str, peak_source: str = "") -> dict:
     """The JSON-able report of a run from every rank's row (:func:`shardlab.train.rank.run_rank`)."""
     shape = model_shape(spec)
     tokens = spec.batch * shape.seq_len
@@ -78,7 +78,8 @@ def summarize(spec, rows: list[dict], peak_tflops: float, how: str) -> dict:
         "model_flops_per_step": flops, "matmul_params": shape.matmul_params,
         "module_source": spec.module_source, "modules": spec.modules,
         "started_by": how, "backend": rows[0]["backend"],
-        "assumptions": {"peak_tflops_per_rank": peak_tflops, "efficiency": spec.efficiency,
+        "assumptions": {"peak_tflops_per_rank": peak_tflops, "peak_source": peak_source,
+                        "efficiency": spec.efficiency,
                         "beta_gbps": spec.beta_gbps},
         "rows": out_rows,
     }  # fmt: skip
@@ -105,9 +106,10 @@ def format_text(s: dict) -> str:
         f"{s['module_source']} module(s): {mods}",
         "  step 0 traced for bytes (CommTrace), step 1 for memory; step time = median of "
         "steps 2+ (of every step when fewer than 3)",
-        f"  predicted time = FLOPs/rank at {a['peak_tflops_per_rank']:g} TFLOP/s x "
-        f"efficiency {a['efficiency']:g} + bytes at {a['beta_gbps']:g} GB/s, nothing hidden "
-        f"(assumed: --peak-tflops, --efficiency, --beta-gbps)",
+        f"  MFU and the predicted time assume a peak of {a['peak_tflops_per_rank']:g} TFLOP/s "
+        f"per rank ({a['peak_source']}); predicted time = FLOPs/rank at that peak x "
+        f"efficiency {a['efficiency']:g} (--efficiency) + bytes at {a['beta_gbps']:g} GB/s "
+        "(--beta-gbps), nothing hidden",
         "",
         f"{'rank':>4} {'peak MiB':>9} {'pred MiB':>9} {'ratio':>5} {'axis':>4} "
         f"{'sent bytes':>12} {'predicted':>12} {'ratio':>5} {'step ms':>8} {'pred ms':>8} "
