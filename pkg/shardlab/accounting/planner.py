@@ -22,8 +22,11 @@ must sit inside one node); ``too many stages`` (``p v > L``); ``bubble too large
 parameters (``ceil(L / (p v)) v`` layers, ``1/t`` of dense weights, ``1/ep`` of expert
 weights; embedding on the first stage, head on the last); ZeRO-3 gathers one layer at a
 time with one prefetched; ``activations`` = :func:`.activations.activation_bytes_per_layer`
-at the local sequence ``s/c`` times the layers times the chunks in flight
-(:func:`inflight_chunks`); ``recompute_scratch`` = one layer's recomputed tensors (selective:
+of the model's own layer (:attr:`.compute.ModelShape.activation_layer`: MLP width, a gated
+MLP's third ``f``-wide tensor, grouped-query attention's ``kv_heads``, dropout, norm; the
+Korthikanti constants only for a GPT-style layer) at the local sequence ``s/c`` times the
+layers times the chunks in flight (:func:`inflight_chunks`); ``recompute_scratch`` = one
+layer's recomputed tensors (selective:
 its attention core; full: all of it), as chapters 2 and 4 add it; ``backward_workspace`` =
 :func:`.peak.logits_workspace` of the vocabulary-parallel logits on the last stage.
 

@@ -166,6 +166,12 @@ def planner_report(
         f"(6N = {cmp.six_n(model.n_params) / 1e12:.3f} TFLOP plus causal attention). "
         f"Budget per GPU {pl.settings['budget_bytes'] / GB:.1f} GB "
         f"({1 - pl.settings['reserve']:.0%} of {num['gpu_memory_gb']:g} GB).",
+        f"Saved activations per layer (accounting.activations, parameterized): "
+        f"{'gated (SwiGLU) MLP, 3' if model.gated else 'GeLU MLP, 2'} tensors {model.ffn:,} wide; "
+        f"K and V {model.kv_heads}/{model.heads} of Q's width; "
+        f"{'dropout masks' if model.dropout else 'no dropout'}; {model.norm}. "
+        f"The Korthikanti constants are the GPT-style case (GeLU MLP of 4h, dropout, "
+        f"LayerNorm, K/V heads = heads).",
     ]
     marked_data = []
     for fields, best, rej in marked:
