@@ -251,7 +251,8 @@ def reference_full_cached(kind: str, opt: str) -> dict:
 
 
 def compare_fsdp2() -> dict | None:
-    """Per-parameter FSDP vs FSDP2 after STEPS steps (AdamW and SGD, plain and tied)."""
+    """Per-parameter FSDP vs FSDP2 after STEPS steps (AdamW and SGD, plain and tied; AdamW
+    with bf16 compute and fp32 reduction)."""
     out = {}
     for kind in ("plain", "tied"):
         for opt in ("adamw", "sgd"):
@@ -262,7 +263,29 @@ def compare_fsdp2() -> dict | None:
                 for n, p in theirs.named_parameters(remove_duplicate=False)
             }
             out[(kind, opt)] = compare(ours, sd)
+    # mixed precision: FSDP2's MixedPrecisionPolicy(bf16, fp32) against ours
+    ours = train_pp("plain", "adamw", PerParamConfig(mp=MixedPrecision(torch.bfloat16)))[0]
+    out[("plain", "adamw bf16")] = compare(ours.full_state_dict(), train_fsdp2_bf16())
     return out if dist.get_rank() == 0 else None
+
+
+def train_fsdp2_bf16(steps: int = STEPS) -> dict:
+    """FSDP2 with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model = make_model("plain")
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    o = make_optimizer("adamw", model.parameters())
+    for x, y in make_batches(steps):
+        lm_loss(model, rank_slice(x), rank_slice(y)).backward()
+        o.step()
+        o.zero_grad()
+    return {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
 
 
 def timed_steps(model, opt, x, y, steps: int) -> list[float]:

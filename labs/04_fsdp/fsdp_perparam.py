@@ -4,13 +4,13 @@ What is sharded. The model is cut into units by a :class:`WrapPolicy` (every ``B
 every ``Linear`` and ``Embedding``; the root unit takes every parameter left). Each parameter
 ``p`` of shape ``(d0, *rest)`` is zero-padded to ``D * c`` rows, ``c = ceil(d0 / D)``, and
 rank ``r`` keeps rows ``[r c, (r+1) c)`` as an fp32 ``nn.Parameter`` of shape ``(c, *rest)``
-registered on ``p``'s module under ``p``'s own name (storage: ``fsdp_perparam_units.py``) (tied names share one shard), so
+registered on ``p``'s module under ``p``'s own name (tied names share one shard), so
 ``model.parameters()`` is what an optimizer or gradient clipping needs; after a step its
 ``.grad`` is a ``(c, *rest)`` fp32 tensor. Per rank that is ``accounting.memory.model_state(
 N_pad, D, "zero3", "fp32")`` with ``N_pad = memory.fsdp_padded_numel(shapes, D, "per_param")``
 (padding rows are zeros: their gradients and Adam updates stay zero). Modules the
 :class:`MixedPrecision` policy names (e.g. ``nn.LayerNorm``) keep full fp32 parameters on
-every rank (replicated, computed in fp32).
+every rank (replicated, computed in fp32). Storage and collectives: ``fsdp_perparam_units``.
 
 Which collectives run, when (``D`` ranks, ``q`` bytes per element sent). Per unit and pass,
 exactly one of each, on all of the unit's shards packed rank-major (``S`` elements per rank):
@@ -19,10 +19,13 @@ exactly one of each, on all of the unit's shards packed rank-major (``S`` elemen
    parameter's padded ``(D c, *rest)`` buffer (prefetch: the next unit's gather is issued
    first); with ``reshard_after_forward`` the buffers are freed after forward and
    gathered again before the unit's backward (:class:`fsdp.AllGatherBeforeBackward`);
-2. backward: each gradient is packed into the unit's reduce-scatter input the moment autograd
-   finishes it (post-accumulate hook) and freed, and so is that parameter's gathered buffer;
-   the unit's last gradient issues one async ``reduce_scatter_tensor`` (SUM, divided by D
-   into ``.grad`` by :meth:`PerParamFSDP.finish_gradient_synchronization`);
+2. backward: when autograd finishes a gradient (post-accumulate hook) the unit keeps it and
+   frees that parameter's gathered buffer (the gradient takes its place); the unit's last
+   gradient finishes the previous unit's reduce-scatter (which overlapped this backward),
+   packs the gradients rank-major, dropping each as soon as it is packed, and issues one
+   async ``reduce_scatter_tensor`` (SUM; divided by D into ``.grad`` by
+   :meth:`PerParamFSDP.finish_gradient_synchronization`). So a unit's parameters and
+   gradients never both exist in full, nor its gradients and their packed copy;
 3. replicated parameters: one ``all_reduce`` of their packed gradients per step.
 
 Bytes per step: ``comm.step_volume("zero3", N_pad, D, q)`` (``3 q N_pad (D-1)/D``, 2 without
@@ -190,7 +193,7 @@ class PerParamFSDP(nn.Module):
         return self._post_forward(0, self.module, args, self.module(*args, **kwargs))
 
     def _pre_forward(self, i: int, *_) -> None:
-        # BEGIN SOLUTION hint: wait for unit i's gather and register fresh leaves (hook: self._on_grad); with prefetch start unit i+1's gather
+        # BEGIN SOLUTION hint: wait for unit i's gather and register fresh leaves (hook: partial(self._on_grad, i)); with prefetch start unit i+1's gather
         self.units[i].wait_gather()
         self.units[i].make_views(partial(self._on_grad, i))
         if self.config.prefetch and i + 1 < len(self.units):

@@ -4,7 +4,7 @@ On 4 ranks gloo's ring adds the four partial gradients in an order that depends 
 chunk, so against the split reference only fp32 rounding is allowed (the tolerances of
 ``test_fsdp_perparam.py``). FSDP2 pads, packs and reduces exactly as this mode does (one
 reduce-scatter of the packed, dim-0 padded gradients, then a division by D), so it must be
-equal bit for bit (seen on 2 and 4 ranks).
+equal bit for bit (seen on 2 and 4 ranks, fp32 and with ``MixedPrecisionPolicy(bf16, fp32)``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def extra():
 
 
 def test_equal_to_pytorch_fsdp2_bitwise(extra):
+    assert len(extra["pytorch"]) == 5  # plain/tied x AdamW/SGD, and AdamW in bf16
     for key, cmp in extra["pytorch"].items():
         assert cmp["bitwise"], (key, cmp)
 
