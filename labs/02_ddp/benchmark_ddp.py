@@ -122,7 +122,7 @@ def run(
     size: str = "bench", steps: int = 20, warmup: int = 3, bucket_size_mb: float = 25.0,
     n: int = BATCH, with_peaks: bool = True,
 ) -> dict:  # fmt: skip
-    """Rank function: median step times (alternating step by step), equal weights, peaks."""
+    """Rank function: median step times (alternating step by step), weight gap, peaks."""
     import time
 
     import torch
@@ -143,8 +143,10 @@ def run(
                 times[impl].append(time.perf_counter() - t0)
     out: dict = {impl: {"step_s": statistics.median(ts)} for impl, ts in times.items()}
     out["n_params"] = sum(p.numel() for p in runs["mine"][0].parameters())
-    out["same_weights"] = all(
-        torch.equal(a, b)
+    # 0 at 2 ranks; at 4, gloo's ring sums an element in an order that depends on where it
+    # sits in its bucket, and the two sides' buckets differ, so the last bits may too
+    out["max_diff"] = max(
+        (a - b).abs().max().item()
         for a, b in zip(runs["mine"][0].parameters(), runs["torch"][0].parameters())
     )
     del runs, opts
@@ -187,8 +189,8 @@ def main(
         f"N = {res[0]['n_params']:,} parameters ({size}), {ranks} ranks, gloo, fp32 AdamW, "
         f"median of {kw['steps']} steps"
     )
-    same = all(m["same_weights"] for r in launches for m in r)
-    print(f"weights equal after the timed steps: {same}")
+    diff = max(m["max_diff"] for r in launches for m in r)
+    print(f"largest |weight - PyTorch's| after the timed steps: {diff:.1e}")
     print(f"{'rank':>4s} {'impl':>6s} {'step ms':>8s} {'peak trace B':>13s} {'peak alloc B':>13s}")
     for r, m in enumerate(res):
         for impl in ("mine", "torch"):
