@@ -2,12 +2,13 @@
 
 What is on disk. ``root/step-00000012/`` holds one file per rank, ``shard-<r>-of-<D>.bin``,
 and ``meta.json``. Rank ``r``'s file is a sequence of *records*, the same on every rank:
-for each flat parameter (in unit order) its ``padded/D`` slice of the fp32 weights, then the
+for each flat parameter (in unit order) its ``padded/D`` slice of the weights, then the
 slice of each per-element optimizer state (AdamW: ``exp_avg``, ``exp_avg_sq``), and last the
 rank's CPU RNG state. ``meta.json`` records the world size, every flat's parameters (names,
 shapes, offsets), ``numel``/``padded``/dtype, the optimizer's scalars (``step``), each
-record's offset and size, and each file's size and per-record crc32. A file has
-``accounting.checkpoint.shard_file_bytes(numels, D, n_states, 4, rng_bytes)`` bytes.
+record's offset, size and dtype, and each file's size and per-record crc32. With fp32
+weights and states a file has ``accounting.checkpoint.shard_file_bytes(numels, D, n_states,
+4, rng_bytes)`` bytes.
 
 Atomic. Ranks write into ``.step-00000012.tmp``, ``fsync`` their file, rank 0 writes
 ``meta.json``, ``fsync``s the directory and renames it to ``step-00000012``: the rename is the
@@ -20,7 +21,8 @@ its checksum can be checked (``accounting.checkpoint.reshard_read_bytes``), and 
 ``r mod D``'s RNG state. Structure (missing/extra files, sizes, shapes, dtypes, optimizer)
 is validated by every rank before any byte is read; a bad checksum seen by one rank is
 shared with ``all_gather_object``, so every rank raises the same ``ValueError`` before any
-weight changes. Collectives: one barrier and one gather on save, one gather on load.
+weight changes. Collectives: two barriers and a ``gather_object`` of each file's size and
+checksums on save, one ``all_gather_object`` of error messages on load; no tensor travels.
 
 In production: ``torch.distributed.checkpoint`` (DCP) saves each rank's DTensor shards with
 a global plan, writes ``.metadata`` last, and reshards on load by planning reads of the
@@ -98,7 +100,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: FSDP, opt) -> Pat
     tmp, final = _dir(root, step, tmp=True), _dir(root, step)
     layout = _layout(model, opt)
     records, crcs, offset = [], [], 0
-    # BEGIN SOLUTION hint: rank 0 makes a fresh tmp dir (barrier); each rank writes weights then optimizer states per flat, then torch.get_rng_state(), flush + os.fsync; gather sizes and crcs; rank 0 writes meta.json, fsyncs it and the dir, then os.replace(tmp, final)
+    # BEGIN SOLUTION hint: rank 0 makes a fresh tmp dir (barrier); each rank writes (_write_record) per flat its shard then opt.state[shard][k] for k in layout's "states", then torch.get_rng_state(), appending records/crcs, then flush + os.fsync; gather_object {"bytes", "crc32"} to rank 0, which writes _meta(...) as meta.json, fsyncs it and the dir, then os.replace(tmp, final)
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier attempt
         tmp.mkdir(parents=True)
@@ -108,20 +110,20 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: FSDP, opt) -> Pat
             tensors = [("weights", f.shard)] + [(k, opt.state[f.shard][k]) for k in lay["states"]]
             for kind, t in tensors:
                 crcs.append(_write_record(fh, t))
-                records.append({"flat": key, "kind": kind, "offset": offset, "nbytes": t.nbytes})
+                records.append({"flat": key, "kind": kind, "offset": offset, "nbytes": t.nbytes,
+                                "dtype": str(t.dtype).removeprefix("torch.")})  # fmt: skip
                 offset += t.nbytes
         rng = torch.get_rng_state()
         crcs.append(_write_record(fh, rng))
-        records.append({"flat": None, "kind": "rng", "offset": offset, "nbytes": rng.nbytes})
+        records.append({"flat": None, "kind": "rng", "offset": offset, "nbytes": rng.nbytes,
+                        "dtype": "uint8"})  # fmt: skip
         fh.flush()
         os.fsync(fh.fileno())  # the data is on disk before the rename can commit it
     files = [None] * world if rank == 0 else None
     dist.gather_object({"bytes": offset + rng.nbytes, "crc32": crcs}, files, group_dst=0,
                        group=model.group)  # fmt: skip
     if rank == 0:
-        meta = {"format": FORMAT, "world_size": world, "step": step,
-                "optimizer": type(opt).__name__, "flats": layout, "records": records,
-                "files": [{"name": shard_name(r, world), **x} for r, x in enumerate(files)]}  # fmt: skip
+        meta = _meta(world, step, opt, layout, records, files)
         with open(tmp / "meta.json", "w") as fh:
             json.dump(meta, fh, indent=1)
             fh.flush()
@@ -133,6 +135,16 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: FSDP, opt) -> Pat
     # END SOLUTION
     dist.barrier(group=model.group)  # nobody returns before the commit
     return final
+
+
+def _meta(world: int, step: int, opt, layout: list, records: list, files: list) -> dict:
+    """``meta.json``: ``records`` as ``{"flat", "kind", "offset", "nbytes", "dtype"}`` (the same
+    on every rank), ``files[r]`` as ``{"bytes", "crc32": [one per record]}``."""
+    return {
+        "format": FORMAT, "world_size": world, "step": step, "optimizer": type(opt).__name__,
+        "flats": layout, "records": records,
+        "files": [{"name": shard_name(r, world), **x} for r, x in enumerate(files)],
+    }  # fmt: skip
 
 
 def _fsync_dir(path: Path) -> None:
@@ -232,12 +244,13 @@ def load_checkpoint(path: str | os.PathLike, model: FSDP, opt) -> LoadReport:
         for (key, f), lay in zip(_flats(model), meta["flats"]):
             s_old = -(-f.numel // old)
             for kind in ["weights", *lay["states"]]:
-                out = torch.zeros(f.shard_numel, dtype=torch.float32)  # (padded'/D',) zero pad
+                dtype = getattr(torch, rec[(key, kind)][1]["dtype"])
+                out = torch.zeros(f.shard_numel, dtype=dtype)  # (padded'/D',) zero padding
                 for k, lo, hi in _needed(f.numel, old, world, rank):
                     raw = read(k, *rec[(key, kind)])
                     if raw is None:
                         break
-                    src = raw.view(torch.float32)  # (s_old,) old rank k's slice
+                    src = raw.view(dtype)  # (s_old,) old rank k's slice
                     out[lo - rank * f.shard_numel : hi - rank * f.shard_numel] = src[
                         lo - k * s_old : hi - k * s_old
                     ]
