@@ -3,12 +3,15 @@
 The student all-reduces (SUM) every gradient but never divides by D, in the per-parameter
 path and in the bucket path alike, so every rank steps with D times the mean gradient.
 
-Lost (13 of 22 points): every test that compares trained weights, with a single process, with
+Lost (15 of 31 points): every test that compares trained weights, with a single process, with
 PyTorch's DDP, on 2, 3 and 4 ranks, per parameter, bucketed and under no_sync. AdamW is
 nearly scale-invariant, but not quite: its eps makes a D-fold gradient move the small-gradient
 parameters (attention qkv) by 190-740 times the tolerance, so the AdamW-only cases fail too.
 Kept: bucketing, the model-state bytes, the bytes sent (the same all-reduces run) and the
 peak memory (no tensor is added or removed).
+In the bf16 recipe (test_ddp_mixed.py) only the bitwise comparison is lost (2 more points):
+the doubled gradient moves the weights by eps-sized amounts, which the 2**-11 loss tolerance
+(2-rank and 4-rank trajectories) does not see, and the bytes are unchanged.
 """
 
 FILE = "ddp.py"
@@ -50,6 +53,7 @@ LOST = {
     "test_ddp.py::test_bitwise_equal_to_pytorch_ddp",
     "test_ddp.py::test_four_ranks",
     "test_ddp_hidden.py::test_three_ranks_match_single_process",
+    "test_ddp_mixed.py::test_bitwise_ranks_and_single_process_microbatches",
 }
 # The released stub scores 0: DDPConfig validation and the DDP-is-a-Module check test code
 # that ships complete and are left out of rubric.toml; make_buckets is a solution block.
