@@ -10,9 +10,10 @@ the two torchrun agents.
 
 Bytes are compared with ``==``: the trace applies ``accounting.comm.ring_sent_bytes`` to each
 collective and the prediction is the layout's formula for the whole step; both are sums of
-the same dyadic fractions (sizes times (D-1)/D with D = 2) and equal exactly. Peak memory is
-reported, not asserted here: it is the labs' own check, and the ratios this file's runs print
-are in the report of the issue.
+the same dyadic fractions (sizes times (D-1)/D with D = 2) and equal exactly. The slow CLI test
+also bounds the peak ratio per layout (:data:`PEAK_BAND`); measured ratios on 2 ranks (4 for
+fsdp+tp), tiny model, 25 MB buckets: ddp 1.0001, zero1 1.0001, zero2 0.989, fsdp 1.024,
+tp 0.940, pp 1.121 / 1.108 (first / last stage), fsdp+tp 1.036.
 """
 
 from __future__ import annotations
@@ -141,6 +142,22 @@ def test_current_folder_module_is_used_when_present(tmp_path, monkeypatch):
 # ----------------------------------------------------------------- slow: end to end
 
 
+# measured peak / predicted peak, per layout, and why the band is what it is
+PEAK_BAND = {
+    "ddp": (0.99, 1.01),  # every term a formula but the saved activations (as lab 02)
+    "zero1": (0.99, 1.01),  # as lab 03
+    "zero2": (0.95, 1.05),  # lab 03's band: gloo may free a reduce-scatter bucket late
+    "fsdp": (0.95, 1.05),  # lab 04's band: temporaries inside a unit's backward not modelled
+    "fsdp+tp": (0.95, 1.05),  # lab 09's band, same reason
+    # the prediction keeps every gradient in the persistent term (as ddp does), but at the
+    # peak (early in backward) only part of them exist yet: over by at most 4 N_local bytes
+    "tp": (0.90, 1.01),
+    # lab 09's pipeline prediction leaves out autograd's backward temporaries and the
+    # gradients an earlier microbatch left (lab 09 reports it, does not assert it)
+    "pp": (0.99, 1.20),
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_every_layout_through_the_cli(layout):
@@ -151,7 +168,8 @@ def test_every_layout_through_the_cli(layout):
     for row in rep["rows"]:
         for axis, b in row["bytes"].items():
             assert b["measured"] == b["predicted"] > 0, (layout, row["rank"], axis)
-        assert 0.8 < row["peak"]["ratio"] < 1.25, (layout, row["rank"], row["peak"])
+        lo, hi = PEAK_BAND[layout]
+        assert lo <= row["peak"]["ratio"] <= hi, (layout, row["rank"], row["peak"])
 
 
 @pytest.mark.slow
