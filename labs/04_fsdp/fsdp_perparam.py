@@ -82,7 +82,11 @@ class WrapPolicy:
 
 @dataclass(frozen=True)
 class MixedPrecision:
-    """Compute dtype, gradient-reduction dtype and modules kept fp32 and replicated."""
+    """Per-module precision: ``param_dtype`` is what shards are cast to before the all-gather
+    (gathered and computed in), ``reduce_dtype`` what gradients are reduce-scattered (and
+    all-reduced) in; master weights, their ``.grad`` and the Adam moments stay fp32 shards.
+    Modules of a class in ``fp32_replicated`` (e.g. ``nn.LayerNorm``) are not sharded: their
+    parameters stay fp32 on every rank and they compute in fp32."""
 
     param_dtype: torch.dtype = torch.float32
     reduce_dtype: torch.dtype = torch.float32
