@@ -134,3 +134,18 @@ def test_recipe_validation():
 
 def test_integral_float_accepted():
     assert model_state(7e9, 8.0).total == 112 * GB
+
+
+def test_fsdp_padded_numel_flat_and_per_param():
+    # a unit of a (37, 10) embedding, a 10-element bias and a (30, 10) weight on 4 ranks
+    shapes = [(37, 10), (10,), (30, 10)]
+    assert mem.fsdp_padded_numel(shapes, 4, "flat") == 680  # 680 elements: divisible by 4
+    assert mem.fsdp_padded_numel(shapes, 4, "per_param") == 40 * 10 + 12 + 32 * 10
+    assert mem.fsdp_padded_numel(shapes, 1, "per_param") == 680  # one rank: no padding
+    assert mem.fsdp_padded_numel([(), (3,)], 2, "per_param") == 2 + 4  # 0-d counts as (1,)
+    assert mem.fsdp_padded_numel([], 8, "flat") == 0
+    for bad, match in (("rows", "mode"), ("flat", "dp")):
+        with pytest.raises(ValueError, match=match):
+            mem.fsdp_padded_numel(shapes, 0 if match == "dp" else 4, bad)
+    with pytest.raises(ValueError, match=r"shapes\[1\]"):
+        mem.fsdp_padded_numel([(3,), 5], 2)
