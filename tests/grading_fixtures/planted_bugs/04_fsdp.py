@@ -14,6 +14,10 @@ after resharding with one process doing the new world's arithmetic (2 -> 1 publi
 2 -> 1 hidden), since the factor changes with D. Saving, restoring, bytes, refusals and the
 SIGKILL test do not depend on the gradient's scale and are kept (measured by running the
 checkpoint tests on the bugged lab).
+
+The 16-byte recipe tests (test_fsdp_mixed.py and its hidden twin, 9 points) lose 2: the bitwise
+comparison with one process. AdamW is nearly scale-invariant, so the doubled gradient moves the
+weights by eps-sized amounts that the 2**-11 loss tolerance does not see; bytes are unchanged.
 """
 
 FILE = "fsdp_units.py"
@@ -30,6 +34,7 @@ LOST = {
     "test_checkpoint.py::test_continue_on_1_rank",
     "test_checkpoint_hidden.py::test_reshard_4_to_2",
     "test_checkpoint_hidden.py::test_reshard_2_to_1",
+    "test_fsdp_mixed.py::test_bitwise_ranks_and_single_process_microbatches",
 }
 # The released stubs score 0: FSDPConfig validation, padded_numel / blocks_policy and the
 # tied-across-units check of build_units ship complete (the notebook uses them before any
