@@ -4,12 +4,13 @@
 
 Same model (the package's GPT: ``bench`` in ``shardlab.models.SIZES``, 0.86 M parameters,
 or ``25m``, the same GPT at d_model 512 and 8 layers, 25.5 M parameters = 102 MB of fp32
-gradients, five 25 MB buckets), same data (8 sequences per step in all), same 25 MB buckets,
+gradients, four 25 MB buckets), same data (8 sequences per step in all), same 25 MB buckets,
 fp32 AdamW. Step time: median over ``--steps`` steps after the warm-up steps, the two
 implementations alternating step by step so both see the same machine noise. Peak: one step
 after a warm-up step, each side built inside the meters. Ratios are from scratch / PyTorch
-(goal: <= 1.0); with ``--repeats`` the launches are repeated and the median and range of the
-ratios printed. ``main()`` without arguments is the fast run the lab notebook shows.
+(goal: <= 1.0): the slowest rank's step, the largest rank's peak; with ``--repeats`` the
+launches are repeated and the median and range of the ratios printed. ``main()`` without
+arguments is the fast run the lab notebook shows.
 
 Two peaks, same for both sides (:func:`peaks`):
 
@@ -17,25 +18,36 @@ Two peaks, same for both sides (:func:`peaks`):
   at wrap time counts: PyTorch's C++ Reducer bucket (with the default
   ``gradient_as_bucket_view=False`` a flat copy of all gradients held *in addition to*
   ``param.grad``) and our buckets (which *are* ``param.grad``).
-* ``alloc``: the CPU allocator's own count (``torch.profiler``, ``profile_memory=True``) from
-  before construction to the end of the measured step; it also sees what gloo allocates in
-  its worker threads, which the trace cannot. For DDP both sides only all-reduce in place,
-  and the two peaks agree to within a few hundred bytes.
+* ``alloc``: the CPU allocator's own count (``torch.profiler``, ``profile_memory=True``,
+  started before construction) while the measured step runs; it also sees what gloo
+  allocates on its worker threads, which the trace cannot. Both sides only all-reduce, in
+  place, so the two peaks agree (to 0-4 KB on PyTorch's side).
 
-Measured (torch 2.13, 2-core machine shared with other sessions; ratios ours / PyTorch,
-median and range over 3 launches; see ``book/03_zero.ipynb``, "Benchmarks at two sizes"):
+Measured 2026-12-01 (torch 2.13, gloo, 2 CPU cores shared with other jobs, load average 3-5
+during the runs; ``--repeats 3``; ratio ours / PyTorch, median [min-max] of 3 launches; the
+peaks repeat to the byte)::
 
-==========  =====  ===========  ===========  ===========
-size        ranks  step time    peak trace   peak alloc
-==========  =====  ===========  ===========  ===========
-bench         2    MEASURED
-bench         4
-25m           2
-25m           4
-==========  =====  ===========  ===========  ===========
+    size   ranks  step time            peak trace  peak alloc
+    bench    2    0.967 [0.946-0.998]  0.993       0.993
+    bench    4    0.985 [0.906-1.018]  0.919       0.919
+    25m      2    0.958 [0.936-0.973]  0.862       0.862
+    25m      4    0.985 [0.958-1.044]  0.829       0.829
 
-At both sizes our peak is lower because the bucket is the only copy of the gradients
-(PyTorch with ``gradient_as_bucket_view=True`` has exactly our peak).
+Step time: the medians are below 1.0 at both sizes; single launches at 4 ranks (4 processes
+on 2 cores) scatter by +-6 %. What separates the two at 25m is the tail, the all-reduce of the
+bucket filled last, which no backward work can hide: PyTorch rebuilds its buckets after the
+first step in the order gradients arrived and closes a bucket once it *reaches* the cap, so
+its last bucket holds 16.4 MB (buckets 29.9, 29.4, 26.3, 16.4 MB, from
+``reducer._get_zeros_like_grad_buckets()``), while ours, cut *below* the cap in reverse
+parameter order, are 25.7, 25.2, 25.2 and 25.8 MB; our wait for that tail measured 30-56 ms
+of a 0.55-0.6 s step (2 ranks). Our side copies each gradient once (into its bucket view)
+where PyTorch's default copies it in and back out, which is why the ratio stays below 1.0.
+Peak: ours is lower at both sizes because the bucket is the only copy of the gradients
+(518.4 MB vs 447.1 MB at 25m, 2 ranks; PyTorch with ``gradient_as_bucket_view=True`` has
+exactly our peak at ``bench``). Weights: equal to the bit at 2 ranks; at 4, gloo's ring sums
+an element in an order that depends on where it sits in its bucket, the buckets differ, and
+AdamW turns last-bit gradient differences on near-zero gradients into update differences of
+up to ``lr`` (largest gap after 23 steps: 9.5e-03 at ``bench``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,45 @@ Two peaks of one step after a warm-up step, each side built inside both meters
   (our side; PyTorch's side only all-reduces and broadcasts in place), which the trace
   cannot, so it is the fair one for ZeRO-1/2.
 
-Measured: see the table in ``book/03_zero.ipynb`` ("Benchmarks at two sizes") and below.
+Measured 2026-12-01 (torch 2.13, gloo, 2 CPU cores shared with other jobs, load average 3-5
+during the runs; ``--repeats 3``; ratio ours / PyTorch, median [min-max] of 3 launches; the
+trace peaks repeat to the byte)::
+
+    size   ranks  layout  step time            peak trace  peak alloc
+    bench    2    ZeRO-1  0.805 [0.717-0.807]  0.991       1.129 [1.080-1.149]
+    bench    2    ZeRO-2  0.691 [0.657-0.729]  0.939       1.057 [0.965-1.104]
+    bench    4    ZeRO-1  0.778 [0.762-0.890]  0.871       1.106 [0.978-1.163]
+    bench    4    ZeRO-2  0.750 [0.723-0.799]  0.779       0.965 [0.938-1.011]
+    25m      2    ZeRO-1  1.156 [1.147-1.236]  0.883       1.001 [0.946-1.088]
+    25m      2    ZeRO-2  1.055 [1.029-1.085]  0.839       0.991 [0.930-1.001]
+    25m      4    ZeRO-1  1.165 [1.151-1.169]  0.854       1.043 [0.994-1.064]
+    25m      4    ZeRO-2  1.062 [1.027-1.188]  0.724       0.929 [0.878-0.950]
+
+What limits the ratios above 1.0, measured:
+
+* Allocator peak. gloo's ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` allocate a
+  copy of the whole collective buffer on a worker thread (a 1 MiB reduce-scatter input: a
+  1 MiB temporary; an all-gather: one output-sized temporary, twice; all-reduce and broadcast:
+  none), freed when gloo releases the work, so one or two bucket-sized temporaries (1 MB at
+  ``bench``, 25 MB at ``25m``) sit on top of our peak, and how many overlap varies by run. Our
+  own tensors (the trace) stay below PyTorch's at every size, because PyTorch's DDP keeps its
+  buckets as a second copy of the gradients. Ours to change only by smaller buckets (more
+  collectives) or another backend (NCCL writes in place).
+* Step time at ``25m``. One step on 2 ranks, phases timed separately (medians of 5 steps, two
+  launches, same machine): PyTorch 0.50-0.56 s = forward 0.11 + backward 0.29-0.34 (its
+  all-reduces overlap backward and lengthen it by about 0.10 s over a plain backward) +
+  optimizer 0.11 (AdamW on its half, broadcasts). ZeRO-1 0.63-0.66 s = forward 0.10 +
+  backward 0.19-0.24 (no communication) + ``step()`` 0.29-0.38, of which the reduce-scatters
+  take 0.12-0.20 s and the all-gathers 0.08-0.10 s: all of ZeRO-1's communication runs after
+  backward, none of it hidden, and gloo's reduce-scatter is an all-reduce of a copy of the
+  input (``accounting.wire``: ``2 V c`` on the wire, as much as DDP's all-reduce). ZeRO-2
+  0.58-0.61 s = backward 0.36-0.38 (0.15 s over a plain backward, of which 0.03-0.08 s
+  blocked waiting for the previous bucket's reduce-scatter: at most two bucket buffers are
+  alive by design) + ``step()`` 0.12-0.14 (all-gathers 0.06-0.08). At ``bench`` the same
+  collectives are small and ours wins by 20-30 %. Hiding ZeRO-1's reduce-scatter behind
+  backward would need it launched from the gradient hooks, which breaks its accumulate-locally
+  semantics (one reduction per update); letting ZeRO-2 keep more buckets in flight trades the
+  peak saving for time. Both are design choices of the lab, kept.
 """
 
 from __future__ import annotations
