@@ -43,8 +43,8 @@ parameter order, are 25.7, 25.2, 25.2 and 25.8 MB; our wait for that tail measur
 of a 0.55-0.6 s step (2 ranks). Our side copies each gradient once (into its bucket view)
 where PyTorch's default copies it in and back out, which is why the ratio stays below 1.0.
 Peak: ours is lower at both sizes because the bucket is the only copy of the gradients
-(518.4 MB vs 447.1 MB at 25m, 2 ranks; PyTorch with ``gradient_as_bucket_view=True`` has
-exactly our peak at ``bench``). Weights: equal to the bit at 2 ranks; at 4, gloo's ring sums
+(518.4 MB vs 447.1 MB at 25m, 2 ranks; an earlier audit at ``bench`` found PyTorch with
+``gradient_as_bucket_view=True`` at exactly our peak). Weights: equal to the bit at 2 ranks; at 4, gloo's ring sums
 an element in an order that depends on where it sits in its bucket, the buckets differ, and
 AdamW turns last-bit gradient differences on near-zero gradients into update differences of
 up to ``lr`` (largest gap after 23 steps: 9.5e-03 at ``bench``).
