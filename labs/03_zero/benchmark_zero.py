@@ -6,7 +6,7 @@ Same model (the package's GPT: ``bench`` in ``shardlab.models.SIZES``, 0.86 M pa
 or ``25m``, the same GPT at d_model 512 and 8 layers, 25.5 M parameters), same data (8
 sequences per step in all), fp32 AdamW, same bucket size on all three sides: 1 MB at
 ``bench`` (about 4 buckets; one 25 MB bucket would hold every gradient at once and undo
-ZeRO-2's saving), 25 MB at ``25m`` (four or five buckets of 102 MB of gradients). Step time:
+ZeRO-2's saving), 25 MB at ``25m`` (four buckets or chunks for 102 MB of gradients). Step time:
 median over ``--steps`` steps after the warm-up steps, the three implementations alternating
 step by step. Ratios are from scratch / PyTorch (goal: <= 1.0); with ``--repeats`` the
 launches are repeated and the median and range of the ratios printed. ``main()`` without
