@@ -147,17 +147,20 @@ class ShardedUnit:
         """Pack the held gradients rank-major and issue the unit's one async reduce-scatter."""
         if not self._grads:
             return
-        # BEGIN SOLUTION hint: zero (D*S,) reduce_dtype input viewed (D, S); per slot copy grad rows [r*rows, (r+1)*rows) into row r, columns [offset, offset+numel) (padding rows stay 0) and drop the grad at once; async reduce_scatter_tensor (SUM) into (S,); keep (work, out, input)
-        inp = _storage(self._rs_in).zero_()  # (D S,)
+        # BEGIN SOLUTION hint: (D*S,) reduce_dtype input viewed (D, S); per slot copy grad rows [r*rows, (r+1)*rows) into row r, columns [offset, offset+numel), zeros for padding rows and for slots without a grad, and drop each grad at once; async reduce_scatter_tensor (SUM) into (S,); keep (work, out, input)
+        inp = _storage(self._rs_in)  # (D S,), uninitialised: every element is written below
         dst = inp.view(self.world, self.packed)  # (D, S): row r goes to rank r
-        for s in self.trainable:
+        for s in self.slots:
             grad = self._grads.pop(id(s), None)
-            if grad is None:  # no gradient reached it: its columns stay zero
+            cols = dst[:, s.offset : s.offset + s.numel]  # (D, numel)
+            if grad is None:  # frozen, or no gradient reached it: zeros
+                cols.zero_()
                 continue
             per_row = grad.reshape(s.shape[0], -1)  # (d0, prod(rest))
             for r in range(self.world):
-                rows = per_row[r * s.rows : (r + 1) * s.rows]  # (<= c, prod(rest))
-                dst[r, s.offset : s.offset + rows.numel()].copy_(rows.reshape(-1))
+                rows = per_row[r * s.rows : (r + 1) * s.rows].reshape(-1)  # <= c rows
+                cols[r, : rows.numel()].copy_(rows)
+                cols[r, rows.numel() :].zero_()  # padding rows
             del grad, per_row, rows  # freed as soon as packed: never all grads + the input
         out = torch.empty(self.packed, dtype=self.reduce_dtype)  # (S,)
         work = reduce_scatter_tensor(out, inp, group=self.group, async_op=True)
