@@ -79,3 +79,28 @@ def test_simulate_stage_costs():
         simulate(sched, p, stage_costs=[{}])
     with pytest.raises(ValueError, match=r"stage_costs\[1\]\['F'\]=-1"):
         simulate(sched, p, stage_costs=[{}, {"F": -1}])
+
+
+def test_schedule_idle_fraction():
+    from shardlab.accounting.pipeline import (
+        bubble_time,
+        idle_fraction,
+        schedule,
+        schedule_idle_fraction,
+        simulate,
+    )
+
+    for kind, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
+        assert schedule_idle_fraction(kind, 4, 8, v) == idle_fraction(4, 8, v)
+    assert schedule_idle_fraction("zb-h1", 2, 8) == 1 / (1 + 3 * 8)  # F = BI = BW
+    costs = {"F": 2.0, "BI": 1.5, "BW": 1.0}
+    bt = bubble_time("zb-h1", 4, costs)
+    assert schedule_idle_fraction("zb-h1", 4, 8, costs=costs) == bt / (bt + 8 * 4.5)
+    # the simulator of the same schedule with equal costs agrees (balanced stages)
+    for kind, v in (("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)):
+        sim = simulate(schedule(kind, 4, 8, v), 4)
+        assert abs(sim.bubble_fraction - schedule_idle_fraction(kind, 4, 8, v)) < 1e-12, kind
+    with pytest.raises(ValueError, match="m % p == 0, got m=6, p=4"):
+        schedule_idle_fraction("interleaved", 4, 6, 2)
+    with pytest.raises(ValueError, match="v=2 chunks need kind='interleaved'"):
+        schedule_idle_fraction("1f1b", 2, 8, 2)

@@ -199,9 +199,10 @@ def compare(reports: list[dict], ref: dict) -> dict:
 
 
 # ------------------------------------------------------------------ timing
-def timed(kind, m, v, size="timing", n=None, steps=3, layers=None):
+def timed(kind, m, v, size="timing", n=None, steps=5, layers=None):
     """Run ``steps`` + 1 steps (the first warms up); return this rank's events of every
-    measured step relative to the step's common start (a barrier)."""
+    measured step relative to the step's common start (a barrier), each event with the
+    action's CPU time appended: ``(start, end, action, cpu)``."""
     torch.set_num_threads(THREADS)  # one core per rank: a busy rank never waits for a thread
     cfg, p = config(size), dist.get_world_size()
     n = n or 8 * m
@@ -216,23 +217,40 @@ def timed(kind, m, v, size="timing", n=None, steps=3, layers=None):
         dist.all_reduce(t0, op=dist.ReduceOp.MIN)  # one clock (CLOCK_MONOTONIC) per machine
         ex.step(xs, ys)
         if step:
-            runs.append([(s - t0.item(), e - t0.item(), a) for s, e, a in ex.events])
+            runs.append(
+                [(s - t0.item(), e - t0.item(), a, c) for (s, e, a), c in zip(ex.events, ex.cpu)]
+            )
     return runs
 
 
 def analyse(runs_per_rank, kind, m, v, comm=0.0):
-    """Measured and simulated numbers of the step whose measured makespan is the median.
+    """Measured and simulated numbers of the least disturbed step (smallest makespan).
 
-    ``runs_per_rank[r][i]``: events of step ``i`` on rank ``r``. Per-action costs fed to the
-    simulator are each rank's means of that step (so simulated and measured busy time agree), times ``v`` (the simulator's costs are
-    per whole rank; a chunk action costs ``cost / v``).
+    ``runs_per_rank[r][i]``: events of step ``i`` on rank ``r``. The machine is shared with
+    other jobs; a step during which one of them took a rank's core is longer, and its extra
+    time shows up as idle time on the other ranks, so the fastest step is the best estimate
+    of the schedule's own bubble (the usual minimum of a timing benchmark). Per-action
+    costs fed to the simulator are each rank's means of that step (so simulated and
+    measured busy time agree), times ``v`` (the simulator's costs are per whole rank; a
+    chunk action costs ``cost / v``). ``spread``: per action kind, the largest rank's mean
+    cost over the smallest's, minus 1 (0: balanced stages). ``closed_idle``: the closed form
+    of balanced stages, ``accounting.pipeline.schedule_idle_fraction`` (for zb-h1 with the
+    rank-averaged costs).
     """
     p = len(runs_per_rank)
     spans = [
-        max(e for rk in runs_per_rank for s, e, a in rk[i]) for i in range(len(runs_per_rank[0]))
+        max(ev[1] for rk in runs_per_rank for ev in rk[i]) for i in range(len(runs_per_rank[0]))
     ]
-    i = sorted(range(len(spans)), key=spans.__getitem__)[len(spans) // 2]
-    events = [rk[i] for rk in runs_per_rank]
+    i = min(range(len(spans)), key=spans.__getitem__)
+    events = [[ev[:3] for ev in rk[i]] for rk in runs_per_rank]
+    cpu = [  # CPU ms per action kind per rank, medians over every measured step
+        {
+            k: statistics.median(ev[3] for step in rk for ev in step if ev[2].kind == k)
+            for k in acc.ACTION_KINDS
+            if any(ev[2].kind == k for ev in rk[0])
+        }
+        for rk in runs_per_rank
+    ] if len(runs_per_rank[0][0][0]) > 3 else None  # fmt: skip
     makespan = spans[i]
     busy = [sum(e - s for s, e, _ in ev) for ev in events]
     costs = [
@@ -243,20 +261,31 @@ def analyse(runs_per_rank, kind, m, v, comm=0.0):
         }
         for ev in events
     ]
+    mean = {k: statistics.fmean(c[k] for c in costs) for k in costs[0]}
     sim = acc.simulate(acc.schedule(kind, p, m, v), p, comm=comm, stage_costs=costs)
     return {
         "kind": kind,
         "v": v,
+        "p": p,
         "events": events,
         "makespan": makespan,
+        "makespans": spans,
         "idle": sum(makespan - b for b in busy) / (p * makespan),
         "idle_per_rank": [(makespan - b) / makespan for b in busy],
         "sim": sim,
         "sim_makespan": sim.makespan,
         "sim_idle": sim.bubble_fraction,
-        "closed_idle": acc.idle_fraction(p, m, v),
+        "closed_idle": acc.schedule_idle_fraction(kind, p, m, v, mean if kind == "zb-h1" else None),
         "costs": costs,
+        "spread": _spread(costs),
+        "cpu_costs": cpu,
+        "cpu_spread": _spread(cpu) if cpu else None,
     }
+
+
+def _spread(costs: list[dict]) -> dict:
+    """Per action kind: the costliest rank's cost over the cheapest's, minus 1."""
+    return {k: max(c[k] for c in costs) / min(c[k] for c in costs) - 1 for k in costs[0]}
 
 
 def faulty(kind="1f1b", m=4, fail_rank=1, fail_at="F2"):
@@ -297,6 +326,7 @@ def _torch_pipeline(cfg, kind, p, m, v):
 
     cls = getattr(pp, TORCH_SCHEDULES[kind])
     multi = kind in ("interleaved", "zb-h1")  # these two take a list of stages per rank
+    # (zb-h1: ScheduleInterleavedZeroBubble with a list of one stage, v = 1)
     sched = cls(mine if multi else mine[0], n_microbatches=m, loss_fn=loss_fn)
     ids = {id(q) for st in mine for q in st.submod.parameters()}
     named = {n: q for n, q in model.named_parameters() if id(q) in ids}
@@ -305,18 +335,31 @@ def _torch_pipeline(cfg, kind, p, m, v):
 
 def benchmark(kind, m=8, size="bench", steps=5, n=None):
     """Ours and PyTorch's step (forward + backward over ``m`` microbatches) on the same
-    ranks: median step time, peak live bytes (one traced step), loss and gradients."""
+    ranks: median step time, peak live bytes (one traced step), loss and gradients.
+
+    The two sides alternate step by step (ours, theirs, theirs, ours, ...), so a burst of
+    load from another process hits both. zb-h1 runs PyTorch's
+    ``ScheduleInterleavedZeroBubble`` with one stage per rank (``v = 1``), whose action
+    order is exactly ``schedule("zb-h1", p, m)`` (checked: ``same_order``)."""
     from shardlab.runtime import MemoryTrace
 
     torch.set_num_threads(THREADS)
     cfg, p = config(size), dist.get_world_size()
-    v = 2 if kind in ("interleaved", "zb-h1") else 1  # PyTorch's ZB schedule is interleaved
-    ours_kind = kind
+    v = 2 if kind == "interleaved" else 1
     n = n or 8 * m
     r = dist.get_rank()
     last = r == p - 1
-    _, ours_named, ex = build(cfg, ours_kind, p, m, 1 if kind == "zb-h1" else v)
+    _, ours_named, ex = build(cfg, kind, p, m, v)
     sched, theirs_named, _ = _torch_pipeline(cfg, kind, p, m, v)
+    same = None
+    if kind == "zb-h1":  # PyTorch's order (their None = an idle slot) against ours
+        key = {"F": "F", "I": "BI", "W": "BW"}
+        theirs_order = [
+            f"{key[x.computation_type.value]}{x.microbatch_index}"
+            for x in sched.pipeline_order[r]
+            if x is not None
+        ]
+        same = theirs_order == [str(x) for x in ex.actions]
     xs, ys = microbatches(cfg, 0, n, m)
     x, y = torch.cat(xs), torch.cat(ys)
 
@@ -337,35 +380,42 @@ def benchmark(kind, m=8, size="bench", steps=5, n=None):
             sched.step()
         return torch.stack(losses).sum() / m if last else None
 
-    out = {}
-    for name, fn, named in (("ours", ours, ours_named), ("torch", theirs, theirs_named)):
-        times = []
-        for i in range(steps + 1):
+    sides = {"ours": (ours, ours_named), "torch": (theirs, theirs_named)}
+    times: dict[str, list[float]] = {"ours": [], "torch": []}
+    loss = {}
+    for i in range(steps + 1):
+        order = ("ours", "torch") if i % 2 else ("torch", "ours")
+        for name in order:
             dist.barrier()
             t = time.perf_counter()
-            loss = fn()
+            loss[name] = sides[name][0]()
             dist.barrier()
-            if i:  # the first step warms up (PyTorch infers shapes on it)
-                times.append(time.perf_counter() - t)
+            if i:  # the first round warms up (PyTorch infers shapes on it)
+                times[name].append(time.perf_counter() - t)
+    out = {}
+    for name, (fn, named) in sides.items():
         with MemoryTrace() as mt:
             mt.watch(list(named.values()))
             fn()
         out[name] = {
-            "step_s": statistics.median(times),
+            "step_s": statistics.median(times[name]),
             "peak_bytes": mt.peak,
-            "loss": _broadcast_loss(loss, p),
+            "loss": _broadcast_loss(loss[name], p),
             "grads": {k: q.grad.clone() for k, q in named.items()},
         }
     full = {}
-    for name in ("ours", "torch"):  # every rank's gradients (the two splits may differ)
+    for name in ("ours", "torch"):  # every rank's gradients
         parts = [None] * p
         dist.all_gather_object(parts, out[name]["grads"])
         full[name] = {k: t for part in parts for k, t in part.items()}
     diff = max((full["ours"][k] - full["torch"][k]).abs().max().item() for k in full["ours"])
+    agree = [None] * p
+    dist.all_gather_object(agree, same)
     return {
         "kind": kind,
         "torch_schedule": TORCH_SCHEDULES[kind],
-        "v_torch": v,
+        "v": v,
+        "same_order": None if same is None else all(agree),
         "ours_s": out["ours"]["step_s"],
         "torch_s": out["torch"]["step_s"],
         "ours_peak": out["ours"]["peak_bytes"],
@@ -375,12 +425,12 @@ def benchmark(kind, m=8, size="bench", steps=5, n=None):
     }
 
 
-def timed_all(m=8, schedules=SCHEDULES, steps=3, layers=None, size="timing"):
+def timed_all(m=8, schedules=SCHEDULES, steps=5, layers=None, size="timing"):
     """:func:`timed` for several schedules in one launch: ``{(kind, v): runs}``."""
     return {(k, v): timed(k, m, v, size=size, steps=steps, layers=layers) for k, v in schedules}
 
 
-def measure_schedules(p=2, m=8, schedules=SCHEDULES, steps=3, layers=None, size="timing"):
+def measure_schedules(p=2, m=8, schedules=SCHEDULES, steps=5, layers=None, size="timing"):
     """Launch :func:`timed_all` on ``p`` ranks and :func:`analyse` every schedule."""
     from shardlab.runtime import launch
 
@@ -391,5 +441,5 @@ def measure_schedules(p=2, m=8, schedules=SCHEDULES, steps=3, layers=None, size=
     return {key: analyse([r[key] for r in runs], key[0], m, key[1]) for key in schedules}
 
 
-def benchmark_all(kinds=("gpipe", "1f1b", "interleaved", "zb-h1"), m=8, steps=5):
+def benchmark_all(kinds=("gpipe", "1f1b", "interleaved", "zb-h1"), m=8, steps=6):
     return [benchmark(k, m=m, steps=steps) for k in kinds]

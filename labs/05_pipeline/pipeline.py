@@ -139,7 +139,9 @@ class PipelineExecutor:
     stage only) and returns the summed loss on the rank that owns the last virtual stage
     (``None`` elsewhere). Gradients accumulate into ``.grad``; zero them between steps.
     ``events``: ``(start, end, action)`` per action of the last step (``time.perf_counter``,
-    one clock for all processes of a machine; ``start`` is after the input arrived).
+    one clock for all processes of a machine; ``start`` is after the input arrived); ``cpu``:
+    the CPU time this thread spent in each of them (``time.thread_time``: unlike the wall
+    clock, it does not grow while another process holds the core).
     """
 
     def __init__(self, chunks: list[Stage], cfg: PipeConfig, group: dist.ProcessGroup) -> None:
@@ -154,8 +156,9 @@ class PipelineExecutor:
         self.events: list[tuple[float, float, acc.Action]] = []
         self.stop_after: str | None = None  # fault injection: raise inside this action
         self._capture: list | None = None
+        self.cpu: list[float] = []  # CPU seconds of this thread per action (same order)
         self._split = any(a.kind == "BW" for a in self.actions)
-        for chunk in chunks:  # record the output of every layer that owns weights (for BW)
+        for chunk in chunks if self._split else ():  # BW needs each weight layer's output
             for mod in chunk.modules():
                 if any(True for _ in mod.parameters(recurse=False)):
                     mod.register_forward_hook(self._hook)
@@ -289,7 +292,7 @@ class PipelineExecutor:
         self._pending: list = []
         self._posted: dict = {}
         self._loss = None
-        self.events = []
+        self.events, self.cpu = [], []
         run = {
             "F": self._forward,
             "B": self._backward,
@@ -301,6 +304,7 @@ class PipelineExecutor:
             # post the receive of the next action that needs one before computing this one,
             # so the transfer overlaps the compute (its buffer is one (b, s, h) tensor)
             nxt = next((n for n in needs[i + 1 :] if n is not None), None)
+            c0 = time.thread_time()
             try:
                 if nxt is not None:
                     self._post_recv(*nxt)
@@ -313,6 +317,7 @@ class PipelineExecutor:
                     f"m={self.cfg.m}, v={self.cfg.v}): {type(e).__name__}: {e}"
                 ) from e
             self.events.append((t0, time.perf_counter(), a))
+            self.cpu.append(time.thread_time() - c0)
         for work, _ in self._pending:  # every boundary tensor has left before the step ends
             work.wait()
         self._pending = []

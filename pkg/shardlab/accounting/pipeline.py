@@ -8,6 +8,9 @@ microbatches, ``v`` interleaved model chunks per rank, negligible communication:
     idle fraction    = (p-1) / (v m + p - 1)           (:func:`idle_fraction`)
     utilization      = 1 - idle fraction               (:func:`utilization`)
 
+(:func:`schedule_idle_fraction` gives the idle share of any of the four schedules, ZB-H1's
+from its own bubble time below.)
+
 p=4, m=8: 37.5 %, 3/11 = 27.3 %, 8/11 = 72.7 %. Zero bubble (Qi et al., *Zero Bubble
 Pipeline Parallelism*, ICLR 2024): backward splits into ``BI`` (input gradient, needed
 upstream) and ``BW`` (weight gradient, deferrable). Per-stage bubble time
@@ -102,6 +105,24 @@ def bubble_time(kind: str, p: int, costs: dict[str, float] | None = None, v: int
         # action, and with balanced stages every stage idles at least that long.
         return (p - 1) * max(c["F"], c["F"] + c["BI"] - c["BW"])
     return (p - 1) * (c["F"] + c["B"]) / (vv if kind == "interleaved" else 1)
+
+
+def schedule_idle_fraction(
+    kind: str, p: int, m: int, v: int = 1, costs: dict[str, float] | None = None
+) -> float:
+    """Idle share of a step of ``kind`` on balanced stages, from the closed forms.
+
+    gpipe, 1f1b, interleaved: ``(p-1) / (v m + p - 1)`` whatever the costs (each rank idles
+    ``(p-1)(F+B)/v`` next to ``m (F+B)`` of work). zb-h1: :func:`bubble_time` over bubble plus
+    work, ``(p-1) max(F, F+BI-BW) / ((p-1) max(F, F+BI-BW) + m (F+BI+BW))``; with
+    ``F = BI = BW`` that is ``(p-1) / (p - 1 + 3 m)``. ``costs`` as in :func:`bubble_time`.
+    """
+    check_pipeline(kind, p, m, v)  # kind, sizes, v > 1 only interleaved, m % p for interleaved
+    if kind != "zb-h1":
+        return idle_fraction(p, m, v)
+    c = _costs(costs)
+    idle = bubble_time("zb-h1", p, c)
+    return idle / (idle + m * (c["F"] + c["BI"] + c["BW"]))
 
 
 @dataclass(frozen=True, order=True)
