@@ -67,14 +67,18 @@ class FlatParam:
         self.shard_numel = self.padded // self.world
         self.param_dtype = params[0][0].dtype  # dtype of the stored shard (fp32 unless cast)
         # BEGIN SOLUTION hint: flatten the params into one vector of self.param_dtype padded to self.padded, copy rank 0's values everywhere, keep this rank's slice as nn.Parameter self.shard
-        flat = torch.zeros(self.padded, dtype=self.param_dtype)  # (padded,)
+        flat = torch.zeros(
+            self.padded, dtype=self.param_dtype, device=params[0][0].device
+        )  # (padded,)
         flat[: self.numel] = torch.cat([p.detach().reshape(-1) for p, _ in params])
         # every rank must start from the same weights: take rank 0's
         dist.broadcast(flat, group=group, group_src=0)
         lo = self.rank * self.shard_numel
         self.shard = nn.Parameter(flat[lo : lo + self.shard_numel].clone(), self.requires_grad)
         # END SOLUTION
-        self.buffer = torch.empty(self.padded, dtype=compute_dtype)  # (padded,) gathered copy
+        self.buffer = torch.empty(  # (padded,) gathered copy
+            self.padded, dtype=compute_dtype, device=params[0][0].device
+        )
         self.gathered = False  # True when buffer holds the full parameters
         self._gather_work = None  # pending async all-gather
         self._rs = None  # pending async reduce-scatter: (work, out, inp)
@@ -138,7 +142,9 @@ class FlatParam:
         if self.padded == self.numel and grad.dtype == self.reduce_dtype:
             padded = grad  # nothing to pad or cast: reduce autograd's gradient in place
         else:
-            padded = torch.zeros(self.padded, dtype=self.reduce_dtype)  # (padded,)
+            padded = torch.zeros(
+                self.padded, dtype=self.reduce_dtype, device=grad.device
+            )  # (padded,)
             padded[: self.numel] = grad
         if self.unsharded_grad is not None:
             padded += self.unsharded_grad
@@ -147,7 +153,9 @@ class FlatParam:
             self.unsharded_grad = padded
             return
         self.drain()  # at most one reduce-scatter in flight per flat param
-        out = torch.empty(self.shard_numel, dtype=self.reduce_dtype)  # (padded/D,)
+        out = torch.empty(
+            self.shard_numel, dtype=self.reduce_dtype, device=padded.device
+        )  # (padded/D,)
         work = reduce_scatter_tensor(out, padded, group=self.group, async_op=True)
         self._rs = (work, out, padded)
         # END SOLUTION
@@ -169,7 +177,9 @@ class FlatParam:
 
     def full_params(self) -> dict[str, torch.Tensor]:
         """All-gather the shards (their dtype) and return ``{name: tensor}`` per alias (a copy)."""
-        full = torch.empty(self.padded, dtype=self.shard.dtype)  # (padded,)
+        full = torch.empty(
+            self.padded, dtype=self.shard.dtype, device=self.shard.device
+        )  # (padded,)
         all_gather_into_tensor(full, self.shard.detach(), group=self.group)
         out = {}
         for slot, view in zip(self.slots, full[: self.numel].split(self.sizes())):
