@@ -280,7 +280,7 @@ class PerParamFSDP(nn.Module):
         sharded = {id(s.shard) for u in self.units for s in u.slots}
         grads = [(p.grad, id(p) in sharded) for p in self.parameters() if p.grad is not None]
         # BEGIN SOLUTION hint: local sum of squares of the sharded grads, all_reduce (SUM), add the replicated grads' squares, sqrt; coef = min(1, max_norm / (total + 1e-6)), multiply every grad
-        sq = torch.zeros((), dtype=torch.float32)
+        sq = torch.zeros((), dtype=torch.float32, device=next(self.parameters()).device)
         for g, is_shard in grads:
             if is_shard:
                 sq += g.float().pow(2).sum()

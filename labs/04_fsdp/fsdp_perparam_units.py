@@ -66,13 +66,13 @@ class ShardedUnit:
             shape = p.shape if p.dim() else torch.Size([1])
             rows = -(-shape[0] // self.world)  # ceil(d0 / D)
             # BEGIN SOLUTION hint: zero-pad p to (D*rows, *rest) in fp32, broadcast rank 0's copy, keep rows [rank*rows, (rank+1)*rows) as an nn.Parameter (requires_grad like p)
-            padded = torch.zeros(self.world * rows, *shape[1:])  # (D c, *rest)
+            padded = torch.zeros(self.world * rows, *shape[1:], device=p.device)  # (D c, *rest)
             padded[: shape[0]] = p.detach().reshape(shape).float()
             dist.broadcast(padded, group=group, group_src=0)  # same start on every rank
             lo = self.rank * rows
             shard = nn.Parameter(padded[lo : lo + rows].clone(), p.requires_grad)
             # END SOLUTION
-            full = torch.empty(self.world * rows, *shape[1:], dtype=param_dtype)
+            full = torch.empty(self.world * rows, *shape[1:], dtype=param_dtype, device=p.device)
             slot = Slot(aliases, shape, rows, offset, shard, full)
             offset += slot.numel
             self.slots.append(slot)
@@ -81,8 +81,9 @@ class ShardedUnit:
         self.gathered, self._ag, self._rs = False, None, None
         # collective buffers, (D S,) each: their storage exists only while a collective uses
         # it (resize_ frees it at once, even while gloo's work object still refers to it)
-        self._ag_out = torch.empty(self.world * offset, dtype=param_dtype)
-        self._rs_in = torch.empty(self.world * offset, dtype=reduce_dtype)
+        dev = params[0][0].device if params else None  # the parameters' device (CUDA/CPU)
+        self._ag_out = torch.empty(self.world * offset, dtype=param_dtype, device=dev)
+        self._rs_in = torch.empty(self.world * offset, dtype=reduce_dtype, device=dev)
         for t in (self._ag_out, self._rs_in):
             t.untyped_storage().resize_(0)
         self._grads: dict[int, torch.Tensor] = {}  # id(slot) -> finished unsharded gradient
@@ -162,7 +163,7 @@ class ShardedUnit:
                 cols[r, : rows.numel()].copy_(rows)
                 cols[r, rows.numel() :].zero_()  # padding rows
             del grad, per_row, rows  # freed as soon as packed: never all grads + the input
-        out = torch.empty(self.packed, dtype=self.reduce_dtype)  # (S,)
+        out = torch.empty(self.packed, dtype=self.reduce_dtype, device=inp.device)  # (S,)
         work = reduce_scatter_tensor(out, inp, group=self.group, async_op=True)
         self._rs = (work, out, inp)
         # END SOLUTION
@@ -186,7 +187,8 @@ class ShardedUnit:
     def full_params(self) -> dict[str, torch.Tensor]:
         """All-gather the fp32 shards (one collective) and return unpadded copies by name."""
         inp = torch.cat([s.shard.detach().reshape(-1) for s in self.slots])  # (S,)
-        out = torch.empty(self.world * self.packed).view(self.world, self.packed)  # (D, S)
+        out = torch.empty(self.world * self.packed, device=inp.device)  # (D S,)
+        out = out.view(self.world, self.packed)  # (D, S)
         all_gather_into_tensor(out.view(-1), inp, group=self.group)
         res = {}
         for s in self.slots:
