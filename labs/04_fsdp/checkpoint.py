@@ -245,7 +245,7 @@ def load_checkpoint(path: str | os.PathLike, model: FSDP, opt) -> LoadReport:
             s_old = -(-f.numel // old)
             for kind in ["weights", *lay["states"]]:
                 dtype = getattr(torch, rec[(key, kind)][1]["dtype"])
-                out = torch.zeros(f.shard_numel, dtype=dtype)  # (padded'/D',) zero padding
+                out = f.shard.new_zeros(f.shard_numel, dtype=dtype)  # (padded'/D',) zero padding
                 for k, lo, hi in _needed(f.numel, old, world, rank):
                     raw = read(k, *rec[(key, kind)])
                     if raw is None:
