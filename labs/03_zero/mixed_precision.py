@@ -124,7 +124,8 @@ class MixedPrecisionDP(nn.Module):
         self.offsets = [0]
         for p in self.params:
             self.offsets.append(self.offsets[-1] + p.numel())
-        flat = torch.zeros(self.padded, dtype=torch.float32)  # (N_pad,) fp32 initial values
+        dev = self.params[0].device if self.params else None  # every buffer lives here
+        flat = torch.zeros(self.padded, dtype=torch.float32, device=dev)  # (N_pad,) fp32 initial
         if self.params:
             flat[: self.numel] = torch.cat([p.detach().reshape(-1).float() for p in self.params])
         dist.broadcast(flat, group=group, group_src=0)  # every rank starts from rank 0's model
@@ -137,7 +138,7 @@ class MixedPrecisionDP(nn.Module):
                 return None
             n = self.shard_numel if obj in self.sharded else self.padded
             if init is None:
-                return torch.zeros(n, dtype=dtype)
+                return torch.zeros(n, dtype=dtype, device=dev)
             src = init[self.own] if obj in self.sharded else init
             return src.to(dtype, copy=True)
 
@@ -152,7 +153,7 @@ class MixedPrecisionDP(nn.Module):
         # resized to 0 bytes between steps (the parameter views stay valid, hold nothing).
         self.gathered = self.weights
         if "weights" in self.sharded:
-            self.gathered = torch.empty(self.padded, dtype=self.dtypes["weights"])
+            self.gathered = self.weights.new_empty(self.padded)  # weights' dtype and device
         module.to(self.dtypes["weights"])  # frozen parameters and float buffers compute in bf16
         for p, a, b in zip(self.params, self.offsets, self.offsets[1:]):
             p.data = self.gathered[a:b].view_as(p)  # parameters are views of the bf16 weights
@@ -187,7 +188,7 @@ class MixedPrecisionDP(nn.Module):
         # BEGIN SOLUTION hint: replicated grads: add p.grad into self.grads[a:b] (cast to its dtype); sharded grads: into a zeroed transient (N_pad,) buffer self._full_grads; then p.grad = None
         if "grads" in self.sharded:
             if self._full_grads is None:
-                self._full_grads = torch.zeros(self.padded, dtype=self.grads.dtype)
+                self._full_grads = self.grads.new_zeros(self.padded)
             target = self._full_grads
         else:
             target = self.grads
@@ -205,13 +206,13 @@ class MixedPrecisionDP(nn.Module):
             dist.all_reduce(self.grads, group=self.group)
             self.grads.div_(D)  # sum, then / D: exact for a power of two
         elif layout == "zero1":
-            mine = torch.empty(self.shard_numel, dtype=self.grads.dtype)  # (N_pad/D,)
+            mine = self.grads.new_empty(self.shard_numel)  # (N_pad/D,)
             reduce_scatter_tensor(mine, self.grads, group=self.group)
             self.grads[self.own].copy_(mine.div_(D))
         else:
             full = self._full_grads
             if full is None:  # no parameter got a gradient: reduce zeros
-                full = torch.zeros(self.padded, dtype=self.grads.dtype)
+                full = self.grads.new_zeros(self.padded)
             out = torch.empty_like(self.grads)  # (N_pad/D,)
             reduce_scatter_tensor(out, full, group=self.group)
             self.grads.add_(out.div_(D))
@@ -273,7 +274,7 @@ class MixedPrecisionDP(nn.Module):
     def full_weights(self) -> torch.Tensor:
         """The full bf16 weight vector ``(N,)`` (a copy; ZeRO-3 all-gathers it)."""
         if "weights" in self.sharded:
-            full = torch.empty(self.padded, dtype=self.weights.dtype)
+            full = self.weights.new_empty(self.padded)
             all_gather_into_tensor(full, self.weights, group=self.group)
             return full[: self.numel]
         return self.weights[: self.numel].clone()
