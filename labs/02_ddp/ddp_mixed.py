@@ -69,8 +69,8 @@ class MasterAdamW(torch.optim.Optimizer):
             # BEGIN SOLUTION hint: state[p]: "master" = fp32 copy of src, "exp_avg"/"exp_avg_sq" = zeros in moment_dtype, "step" = 0
             self.state[p] = {
                 "master": src.to(torch.float32, copy=True),
-                "exp_avg": torch.zeros(p.shape, dtype=moment_dtype),
-                "exp_avg_sq": torch.zeros(p.shape, dtype=moment_dtype),
+                "exp_avg": torch.zeros(p.shape, dtype=moment_dtype, device=p.device),
+                "exp_avg_sq": torch.zeros(p.shape, dtype=moment_dtype, device=p.device),
                 "step": 0,
             }
             # END SOLUTION
