@@ -181,7 +181,8 @@ class PipelineExecutor:
         if key in self._posted:
             return
         src = (k + 1 if backward else k - 1) % self.cfg.p
-        buf = torch.empty(self._act_shape, dtype=self.dtype)  # (b, s, h)
+        dev = next(self.chunks[0].parameters()).device  # the stages' device (CPU or CUDA)
+        buf = torch.empty(self._act_shape, dtype=self.dtype, device=dev)  # (b, s, h)
         # BEGIN SOLUTION hint: dist.irecv into buf from group rank src with tag self._tag(backward, mb, k); keep (work, buf) in self._posted[key]
         work = dist.irecv(buf, group=self.group, group_src=src, tag=self._tag(backward, mb, k))
         self._posted[key] = (work, buf)
