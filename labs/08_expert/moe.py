@@ -231,7 +231,7 @@ def moe_forward(x: torch.Tensor, params: dict, cfg: MoEConfig, group=None):
     probs, chosen, gates = route(x, params["router"], k)  # (T, E), (T, k), (T, k)
     # count exchange: every rank learns the (ep, E) routing counts (int64, no gradient)
     mine = torch.bincount(chosen.reshape(-1), minlength=n_exp)  # (E,)
-    counts = torch.empty(ep * n_exp, dtype=mine.dtype)  # gloo wants a flat output
+    counts = mine.new_empty(ep * n_exp)  # gloo wants a flat output
     dist.all_gather_into_tensor(counts, mine, group=group)
     counts = counts.view(ep, n_exp)
     tokens_total = int(counts.sum()) // k  # every token routes exactly k copies
@@ -240,7 +240,7 @@ def moe_forward(x: torch.Tensor, params: dict, cfg: MoEConfig, group=None):
     kept = kept_counts(counts, cap)  # (ep, E)
 
     # kept copies sorted by expert: experts of rank d are contiguous, so rows group by owner
-    tok = torch.arange(tokens).repeat_interleave(k)[keep.reshape(-1)]  # (n,)
+    tok = torch.arange(tokens, device=x.device).repeat_interleave(k)[keep.reshape(-1)]  # (n,)
     exp_id = chosen.reshape(-1)[keep.reshape(-1)]  # (n,)
     gate = gates.reshape(-1)[keep.reshape(-1)]  # (n,)
     order = torch.sort(exp_id, stable=True).indices
@@ -253,7 +253,8 @@ def moe_forward(x: torch.Tensor, params: dict, cfg: MoEConfig, group=None):
     recv = AllToAllRows.apply(x[tok], in_splits, out_splits, group)  # (rows in, h)
     # received rows: for each source, this rank's experts in order, kept[src, e] rows each
     local = kept[:, rank * per : (rank + 1) * per]  # (ep, per)
-    label = torch.arange(per).repeat(ep).repeat_interleave(local.reshape(-1))  # (rows in,)
+    label = torch.arange(per, device=x.device).repeat(ep)  # (ep per,)
+    label = label.repeat_interleave(local.reshape(-1))  # (rows in,)
     out = torch.zeros_like(recv)
     for j in range(per):
         idx = (label == j).nonzero().squeeze(1)
