@@ -97,9 +97,9 @@ def check_collectives(
             assert torch.equal(want, exact), "dist.all_reduce is not exact on integers?"
         prod_rs = prod_ag = None
         if numel % world == 0 and numel > 0:
-            prod_rs = torch.empty(numel // world, dtype=x.dtype)
+            prod_rs = x.new_empty(numel // world)
             dist.reduce_scatter_tensor(prod_rs, x.clone())
-            prod_ag = torch.empty(numel, dtype=x.dtype)
+            prod_ag = x.new_empty(numel)
             dist.all_gather_into_tensor(prod_ag, mine)
 
         # reduce-scatter: chunk `rank` of the sum
@@ -142,7 +142,8 @@ def check_collectives(
                     and total.shape == x.shape
                     and total.dtype == x.dtype
                 )
-            ]
+            ],
+            device=x.device,
         )
         dist.all_reduce(shaped, op=dist.ReduceOp.MIN)
         if int(shaped):
@@ -208,7 +209,7 @@ def check_all_to_all(seeds=(0, 1, 2), width: int = 3) -> list[dict]:
         outs = [splits[s][rank] for s in range(world)]
         g = torch.Generator().manual_seed(100 * seed + rank)
         x = torch.randn(sum(ins), width, generator=g)
-        want = torch.empty(sum(outs), width)
+        want = x.new_empty(sum(outs), width)
         # production reference first, on every rank unconditionally (see check_collectives)
         dist.all_to_all_single(want, x, outs, ins)
         tr = CommTrace()
