@@ -63,7 +63,7 @@ def train(recipe: str, kind: str, steps: int, group, microbatches: int = 1, ddp:
             else step_batch(model.config, s)
         )
         chunks = split_microbatches(xy, microbatches)
-        loss = torch.zeros(())
+        loss = torch.zeros((), device=ps[0].device)
         for i, c in enumerate(chunks):
             last = i == len(chunks) - 1
             with fwd.no_sync() if ddp and not last else _nothing():
