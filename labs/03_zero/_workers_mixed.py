@@ -57,7 +57,7 @@ def train(layout: str, recipe: str, kind: str, steps: int, group, microbatches: 
     D = group.size()
     losses, states = [], {}
     for s in range(steps):
-        loss = torch.zeros(())
+        loss = torch.zeros((), device=next(model.parameters()).device)
         for xy in split_microbatches(rank_slice(step_batch(model.config, s), group=group),
                                      microbatches):  # fmt: skip
             part = lm_loss(mp, *xy) / microbatches
