@@ -75,7 +75,7 @@ def train(split: str, kind: str, steps: int, group, microbatches: int = 1) -> di
     opt = torch.optim.AdamW([m.requires_grad_() for m in masters], **ADAMW)
     losses, state = [], None
     for s, (x, y) in enumerate(make_batches(steps)):
-        loss = torch.zeros(())
+        loss = torch.zeros((), device=shards[0].device)
         xy = (rank_slice(x, group=group), rank_slice(y, group=group))
         for piece in split_microbatches(xy, microbatches):
             part = lm_loss(model, *piece) / microbatches
@@ -109,7 +109,7 @@ def torch_reference(kind: str, steps: int, microbatches: int = 1) -> dict:
     opt = torch.optim.AdamW(masters, **ADAMW)
     losses = []
     for x, y in make_batches(steps):
-        loss = torch.zeros(())
+        loss = torch.zeros((), device=masters[0].device)
         for piece in split_microbatches((x, y), microbatches):
             part = lm_loss(model, *piece) / microbatches
             part.backward()  # accumulates p.grad in bf16
