@@ -51,7 +51,7 @@ def snapshot(model: FSDP, opt) -> dict:
             for k in STATES:
                 if k not in st:
                     continue
-                full = torch.empty(f.padded, dtype=torch.float32)  # (padded,)
+                full = st[k].new_empty(f.padded, dtype=torch.float32)  # (padded,)
                 all_gather_into_tensor(full, st[k], group=f.group)
                 for slot, view in zip(f.slots, full[: f.numel].split(f.sizes())):
                     for _, _, name in slot.aliases:
