@@ -171,7 +171,7 @@ def mixed_bytes_row(world: int) -> dict:
     with CommTrace() as tr:
         accumulate(model, rank_slice(x), rank_slice(y))
     npad, nrep = n_padded(model), model.replicated_numel
-    q_param = torch.tensor([], dtype=model.config.mp.param_dtype).element_size()
+    q_param = model.config.mp.param_dtype.itemsize
     pred = {  # two gathers (forward, backward) in param_dtype; reductions in fp32
         "all_gather": 2 * comm.ring_sent_bytes("all_gather", q_param * npad, world),
         "reduce_scatter": comm.ring_sent_bytes("reduce_scatter", 4 * npad, world),
