@@ -168,7 +168,7 @@ def check_moe(
         "a2a_in_bytes": sum(r["in_bytes"] for r in st.records),
         "trace_a2a_nbytes": sum(r.nbytes for r in tr.records if r.op == "all_to_all"),
         "ops": sorted({r.op for r in tr.records}),
-        "elem": torch.tensor([], dtype=dt).element_size(),
+        "elem": dt.itemsize,
     }
 
 
