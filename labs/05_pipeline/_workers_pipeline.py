@@ -76,7 +76,8 @@ def train(cfg, kind, p, m, v, n, steps=STEPS, trace=False, layers=None):
         xs, ys = microbatches(cfg, 0, n, m)
         for c, ch in enumerate(mine):
             k = c * p + dist.get_rank()
-            inp = xs[0] if k == 0 else torch.zeros(ex_shape(cfg, n, m)).requires_grad_()
+            shape = ex_shape(cfg, n, m)
+            inp = xs[0] if k == 0 else torch.zeros(shape, device=xs[0].device).requires_grad_()
             with MemoryTrace() as mt:
                 mt.watch(list(named.values()))  # weights saved by matmuls are not activations
                 y = ch(inp)

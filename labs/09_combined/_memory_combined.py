@@ -197,7 +197,11 @@ def pp_chunk_bytes(stage, xs, ys, params) -> tuple[int, int]:
     hook = stage.blocks[-1].register_forward_hook(mark)
     with MemoryTrace() as mt:
         mt.watch(params)  # weights saved by matmuls are parameters, not activations
-        inp = xs[0] if stage.first else torch.zeros(b, s, PP_MODEL.d_model, requires_grad=True)
+        inp = (  # (b, s, d) on the tokens' device
+            xs[0]
+            if stage.first
+            else torch.zeros(b, s, PP_MODEL.d_model, requires_grad=True, device=xs[0].device)
+        )
         mt.tag([inp], "activations")
         y = stage(inp)
         if stage.last:
