@@ -52,7 +52,7 @@ def step_times(ranks: int, m: int, steps: int, repeats: int) -> list[list[dict]]
         runs.append(rows)
         print(f"run {i + 1}: {ranks} ranks, m = {m}, median of {steps} steps (model 'bench')")
         print(
-            f"{'ours':12}{'PyTorch':36}{'ours ms':>9}{'torch ms':>10}{'time ratio':>11}"
+            f"{'ours':12}{'PyTorch':52}{'ours ms':>9}{'torch ms':>10}{'time ratio':>11}"
             f"{'peak ratio':>11}{'|d loss|':>10}{'|d grad|':>10}"
         )
         for r in rows:

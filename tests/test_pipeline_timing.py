@@ -1,0 +1,49 @@
+"""Lab 05's bubble on balanced stages, timed on real ranks (slow: ``make test-slow``).
+
+Two ranks, the 'timing' model (8 equal blocks; embeddings and head under 1 % of a stage),
+m = 8, all four schedules, the least disturbed of 5 steps (``_workers_pipeline.analyse``).
+
+Tolerances, and why:
+
+* stage balance: the ranks' median CPU time of F and of B (BI for zb-h1) within 25 % of each
+  other. The work is equal; what differs is the core a rank runs on (the 2 cores of this
+  machine are shared with other jobs; spreads of 0-20 % were seen on one run, a few % typical);
+* simulator fed the run's own per-action costs against the measured makespan: within 10 %
+  (the issue's target; seen 1.00-1.07);
+* idle fraction against the closed form ``accounting.pipeline.schedule_idle_fraction``:
+  within 6 percentage points here. The target, 3 points, is checked and printed by
+  ``benchmark_pipeline.py --bubble`` over several runs (medians); a single run on a shared
+  machine moves by 2-4 points (seen 1f1b 13.0-16.5 % against 11.1 %);
+* orderings the closed form predicts and the measurement must show: interleaved (v = 2) and
+  ZB-H1 idle less than 1F1B.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "labs" / "05_pipeline"))
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.slow
+def test_balanced_bubble_two_ranks():
+    import _workers_pipeline as W
+
+    meas = W.measure_schedules(p=2, m=8)
+    for (kind, _v), a in meas.items():
+        b_key = "BI" if kind == "zb-h1" else "B"
+        assert a["cpu_spread"]["F"] <= 0.25 and a["cpu_spread"][b_key] <= 0.25, (
+            kind,
+            a["cpu_spread"],
+        )
+        assert 0.9 <= a["makespan"] / a["sim_makespan"] <= 1.1, (
+            kind,
+            a["makespan"],
+            a["sim_makespan"],
+        )
+        assert abs(a["idle"] - a["closed_idle"]) <= 0.06, (kind, a["idle"], a["closed_idle"])
+    idle = {k: a["idle"] for (k, _), a in meas.items()}
+    assert idle["interleaved"] < idle["1f1b"] and idle["zb-h1"] < idle["1f1b"], idle
