@@ -36,7 +36,11 @@ def runs(tmp_path_factory):
     out["full"] = (killed / "step-00000002" / ckpt.shard_name(VICTIM, 4)).stat().st_size
     latest = ckpt.latest_checkpoint(killed)
     out["latest"] = latest
-    out["resume4"] = launch("_workers_checkpoint:load_and_continue", 4, str(latest), quiet=True)
+    # resume, and save step 3 again: the stale .tmp of the crashed save is replaced
+    out["resume4"] = launch(
+        "_workers_checkpoint:load_and_continue", 4, str(latest), str(killed), (3,), quiet=True
+    )
+    out["after_resave"] = sorted(p.name for p in killed.iterdir())
     # 4 -> 2, with a checkpoint whose last file has one flipped bit (only new rank 1 reads it)
     bad = tmp / "flipped"
     shutil.copytree(clean / "step-00000002", bad)
@@ -63,8 +67,11 @@ def test_sigkill_mid_save_leaves_previous_checkpoint(runs):
 
 
 def test_resume_after_crash_is_bitwise(runs):
-    """Same world size: the resumed run is the uninterrupted run, bit for bit."""
+    """Same world size: the resumed run is the uninterrupted run, bit for bit; its save of
+    step 3 replaces the crashed attempt's .tmp directory."""
     clean = runs["clean4"]
+    assert runs["after_resave"] == ["step-00000002", "step-00000003"]
+    ckpt.verify_checkpoint(runs["killed_root"] / "step-00000003")
     for r, rep in enumerate(runs["resume4"]):
         assert torch.equal(rep["loaded"]["rng"], clean[r][2]["rng"])  # each rank its own RNG
         assert rep["report"].files_read == [ckpt.shard_name(r, 4)]  # same layout: own file
