@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import inspect
 import io
+import os
 import re
 import socket
 from dataclasses import dataclass
@@ -173,7 +174,7 @@ def require(*specs, what: str = "") -> None:
     if len(missing) == 1:
         s = missing[0]
         raise NotWrittenYet(
-            f"{head}implement {s.qualname} first ({s.file} line {s.line}: {s.hint})."
+            f"{head}implement {s.qualname} first ({s.file} line {s.line}): {s.hint}."
         )
     lines = "\n".join(f"  - {s.describe()}" for s in missing)
     raise NotWrittenYet(f"{head}implement these first:\n{lines}")
@@ -215,8 +216,18 @@ def pytest(test_file: str, select: str) -> str:
     args = [test_file, "-q", "-k", select, "--color=no", "-p", "no:cacheprovider",
             "--capture=sys", "-W", "ignore::DeprecationWarning"]  # fmt: skip
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = _pytest.main(args)
+    # no third-party plugins (nbval, xdist, ...): the lab tests need none, and loading
+    # them costs seconds
+    saved = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    try:
+        with contextlib.redirect_stdout(out):
+            code = _pytest.main(args)
+    finally:
+        if saved is None:
+            del os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"]
+        else:
+            os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = saved
     text = out.getvalue()
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     summary = re.sub(r" in [0-9.]+s", "", lines[-1] if lines else "").strip("= ")
