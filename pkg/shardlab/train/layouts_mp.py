@@ -136,11 +136,19 @@ class PPRunner(Runner):
         return {"pp": pacc.p2p_sent_bytes(self.rank, self.p, b, self.m["seq"], self.m["h"], Q,
                                           self.mb)}  # fmt: skip
 
-    def chunk_bytes(self, b: int) -> int:
-        """Saved-activation bytes one microbatch leaves on this stage (lab 05/09's measure)."""
+    def chunk_bytes(self, b: int) -> tuple[int, int]:
+        """Saved-activation bytes one microbatch leaves on this stage (lab 05/09's measure),
+        and the part of them the head saves (final norm, logits, loss; 0 but on the last
+        stage), read when the stage's last block has run (lab 09's ``pp_chunk_bytes``)."""
         from pipeline import microbatch_loss
 
         xs, ys = self.batch(0)
+        seen = {}
+
+        def mark(*_):  # the blocks' saved bytes end here
+            seen["blocks"] = mt.live_bytes("activations")
+
+        hook = self.module.blocks[-1].register_forward_hook(mark)
         with MemoryTrace() as mt:
             mt.watch(self.params())  # weights saved by matmuls are parameters
             first = self.module.first
@@ -154,28 +162,37 @@ class PPRunner(Runner):
             if self.module.last:
                 y = microbatch_loss(y, ys[0], self.mb)
             got = mt.live_bytes("activations")
+        hook.remove()
         del y
-        return got
+        return got, (got - seen["blocks"] if self.module.last else 0)
 
     def predicted_peak(self, tl, extra):
-        """Lab 09's ``dp_pp_predicted_peak`` with one pipeline: weights + moments, the
-        schedule's in-flight microbatches (``pipeline.inflight_bytes``), the boundary tensors
-        sent and one posted receive, the last stage's logits workspace, AdamW's temporaries."""
-        b, ex, st = self.spec.batch // self.mb, self.executor, self.module
-        chunk = self.chunk_bytes(b)
-        state = memory.model_state(sum(p.numel() for p in self.params()), 1, "ddp", "fp32")
-        msg = Q * b * self.m["seq"] * self.m["h"]
-        sends = sum(1 for a in ex.actions if a.kind == "F") if not st.last else 0
-        sends += sum(1 for a in ex.actions if a.kind == "B") if not st.first else 0
-        return peak.predict_peak(
+        """Lab 09's ``dp_pp_predicted_peak`` with one pipeline (``accounting.stage_peak``,
+        moment by moment over this rank's actions): weights + moments, the microbatches in
+        flight at each action, the gradients an earlier backward accumulated, the boundary
+        tensors sent and the receive posted ahead, autograd's temporaries of a block's
+        backward (``block_backward_temporaries``), the last stage's logits workspace,
+        AdamW's temporaries."""
+        from shardlab.accounting.stage_peak import block_backward_temporaries, stage_peak
+
+        b, ex, st, m = self.spec.batch // self.mb, self.executor, self.module, self.m
+        chunk, head = self.chunk_bytes(b)
+        n_stage = sum(p.numel() for p in self.params())
+        state = memory.model_state(n_stage, 1, "ddp", "fp32")
+        head_params = [p for mod in ("ln_f", "lm_head") if hasattr(st, mod)
+                       for p in getattr(st, mod).parameters()]  # fmt: skip
+        return stage_peak(
+            ex.actions,
+            chunk,
             persistent_bytes=state.total - state.per_object["grads"],
-            unit_bytes=[],
-            activation_bytes=pacc.inflight_bytes(ex.actions, [chunk]),
-            buffer_bytes=(sends + 1) * msg,
-            backward_workspace_bytes=(
-                peak.logits_workspace(b, self.m["seq"], self.m["vocab"], Q) if st.last else None
-            ),
-            grad_shard_bytes=state.per_object["grads"],
+            grad_bytes=state.per_object["grads"],
+            message_bytes=Q * b * m["seq"] * m["h"],
+            temporaries_bytes=block_backward_temporaries(b, m["seq"], m["h"], m["ffn"], Q),
+            first=st.first,
+            last=st.last,
+            head_bytes=head,
+            head_grad_bytes=Q * sum(p.numel() for p in head_params),
+            backward_workspace_bytes=peak.logits_workspace(b, m["seq"], m["vocab"], Q),
             optimizer_workspace_bytes=peak.adam_workspace([p.numel() for p in self.params()]),
         )
 

@@ -1,8 +1,8 @@
 """Measured against predicted, per rank: what ``shardlab train`` prints (text or ``--json``).
 
 For every rank: peak memory (measured by ``MemoryTrace`` on CPU or
-``torch.cuda.max_memory_allocated`` on CUDA; predicted by ``accounting.peak`` as the lab
-does), bytes sent per mesh axis (``CommTrace`` against the layout's ``accounting.comm`` /
+``torch.cuda.max_memory_allocated`` on CUDA; predicted by ``accounting.peak``, or
+``accounting.stage_peak`` for a pipeline stage, as the lab does), bytes sent per mesh axis (``CommTrace`` against the layout's ``accounting.comm`` /
 ``accounting.pipeline`` formula), step time, tokens/s and MFU.
 
 The predictions of time come from ``accounting.compute``: the model FLOPs of a step are
@@ -134,5 +134,5 @@ def format_text(s: dict) -> str:
                          f"{_r(b['ratio'])}{tail}")  # fmt: skip
     src = s["rows"][0]["peak"]["source"]
     lines.append(f"peak measured by {src}; predicted by shardlab.accounting.peak "
-                 "(saved activations measured, every other term a formula)")  # fmt: skip
+                 "(stage_peak for pp; saved activations measured, every other term a formula)")  # fmt: skip
     return "\n".join(lines) + "\n"
