@@ -234,7 +234,9 @@ def analyse(runs_per_rank, kind, m, v, comm=0.0):
     costs fed to the simulator are each rank's means of that step (so simulated and
     measured busy time agree), times ``v`` (the simulator's costs are per whole rank; a
     chunk action costs ``cost / v``). ``spread``: per action kind, the largest rank's mean
-    cost over the smallest's, minus 1 (0: balanced stages). ``closed_idle``: the closed form
+    cost over the smallest's, minus 1 (0: balanced stages); ``cpu_costs`` / ``cpu_spread``: the
+    same from each action's CPU time (median over every measured step), which does not grow
+    while another process holds the core. ``closed_idle``: the closed form
     of balanced stages, ``accounting.pipeline.schedule_idle_fraction`` (for zb-h1 with the
     rank-averaged costs).
     """
