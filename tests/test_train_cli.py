@@ -13,7 +13,7 @@ collective and the prediction is the layout's formula for the whole step; both a
 the same dyadic fractions (sizes times (D-1)/D with D = 2) and equal exactly. The slow CLI test
 also bounds the peak ratio per layout (:data:`PEAK_BAND`); measured ratios on 2 ranks (4 for
 fsdp+tp), tiny model, 25 MB buckets: ddp 1.0001, zero1 1.0001, zero2 0.989, fsdp 1.024,
-tp 0.940, pp 1.0001 / 1.0013 (first / last stage; 1f1b, gpipe 1.0001 / 1.0001), fsdp+tp 1.036.
+tp 0.940, pp 1.0001 / 1.0013 (first / last stage; 1f1b, gpipe 1.0001 / 1.0001), fsdp+tp 1.036-1.058.
 """
 
 from __future__ import annotations
@@ -148,7 +148,10 @@ PEAK_BAND = {
     "zero1": (0.99, 1.01),  # as lab 03
     "zero2": (0.95, 1.05),  # lab 03's band: gloo may free a reduce-scatter bucket late
     "fsdp": (0.95, 1.05),  # lab 04's band: temporaries inside a unit's backward not modelled
-    "fsdp+tp": (0.95, 1.05),  # lab 09's band, same reason
+    # lab 09's reason, plus: which gathered buffer is alive at the peak moment depends on when
+    # gloo's threads finish, so the peak moves by one activation-sized tensor between runs
+    # (seen 1.036 and 1.058 on 4 ranks)
+    "fsdp+tp": (0.95, 1.08),
     # the prediction keeps every gradient in the persistent term (as ddp does), but at the
     # peak (early in backward) only part of them exist yet: over by at most 4 N_local bytes
     "tp": (0.90, 1.01),
