@@ -235,33 +235,3 @@ def profile_step(
         "stepped": [p.numel() for p in model.parameters()],
         "logits_shape": (xy[0].shape[0], c.seq_len, c.vocab_size),
     }
-
-
-def benchmark(steps: int = 20, warmup: int = 3, bucket_size_mb: float = 25.0) -> dict:
-    """Median step time (same model, data, bucket size; alternating runs) and traced peak."""
-    import statistics
-    import time
-
-    torch.set_num_threads(1)
-    runs = {impl: _build(impl, "bench", bucket_size_mb) for impl in ("mine", "torch")}
-    opts = {impl: make_optimizer("adamw", runs[impl][0].parameters()) for impl in runs}
-    xy = rank_slice(step_batch(runs["mine"][0].config, 0, 8))
-    times: dict = {impl: [] for impl in runs}
-    for i in range(warmup + steps):
-        for impl, (_, w, finish) in runs.items():  # interleaved: both see the same noise
-            dist.barrier()
-            t0 = time.perf_counter()
-            train_step(w, opts[impl], xy, finish)
-            if i >= warmup:
-                times[impl].append(time.perf_counter() - t0)
-    out = {impl: {"step_s": statistics.median(ts)} for impl, ts in times.items()}
-    out["n_params"] = sum(p.numel() for p in runs["mine"][0].parameters())
-    same = all(
-        torch.equal(a, b)
-        for a, b in zip(runs["mine"][0].parameters(), runs["torch"][0].parameters())
-    )
-    out["same_weights"] = same
-    del runs, opts
-    for impl in ("mine", "torch"):
-        out[impl]["peak"] = profile_step(impl, "bench", bucket_size_mb, 8)["timeline"].peak
-    return out

@@ -316,34 +316,3 @@ def profile_step(
         "buckets": [b.padded * 4 for b in opt.buckets] if impl == "zero2" else [],
         "logits_shape": (xy[0].shape[0], c.seq_len, c.vocab_size),
     }
-
-
-def benchmark(steps: int = 20, warmup: int = 3, bucket_size_mb: float = 1.0) -> dict:
-    """Median step time (same model, data; runs interleaved step by step) and traced peak:
-    ZeRO-1 and ZeRO-2 vs PyTorch DDP + ZeroRedundancyOptimizer."""
-    import statistics
-    import time
-
-    torch.set_num_threads(1)
-    impls = ("zero1", "zero2", "torch")
-    runs = {impl: _build(impl, "bench", bucket_size_mb) for impl in impls}
-    xy = rank_slice(step_batch(runs["zero1"][0].config, 0, 8))
-    times: dict = {impl: [] for impl in impls}
-    for i in range(warmup + steps):
-        for impl, (_, fwd, opt, finish) in runs.items():
-            dist.barrier()
-            t0 = time.perf_counter()
-            train_step(fwd, opt, xy, finish)
-            if i >= warmup:
-                times[impl].append(time.perf_counter() - t0)
-    out: dict = {impl: {"step_s": statistics.median(ts)} for impl, ts in times.items()}
-    ref = list(runs["torch"][0].parameters())
-    out["max_diff"] = {
-        impl: max((a - b).abs().max().item() for a, b in zip(runs[impl][0].parameters(), ref))
-        for impl in ("zero1", "zero2")
-    }
-    out["n_params"] = len(ref) and sum(p.numel() for p in ref)
-    del runs
-    for impl in impls:
-        out[impl]["peak"] = profile_step(impl, "bench", bucket_size_mb, 8)["timeline"].peak
-    return out

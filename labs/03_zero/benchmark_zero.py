@@ -75,6 +75,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from shardlab.runtime import launch  # noqa: E402
+from shardlab.runtime.allocator_peak import allocator_peak  # noqa: E402
 
 # Overrides of shardlab.models.SIZES["bench"] (vocab 256, seq 32, 4 layers, d_model 128).
 BENCH_SIZES: dict[str, dict[str, int]] = {
@@ -104,22 +105,6 @@ def _build(impl: str, size: str, bucket_size_mb: float):
     ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_size_mb)
     zro = ZeroRedundancyOptimizer(list(model.parameters()), cls, **kw)
     return model, ddp, zro, None, zro.optim
-
-
-def allocator_peak(prof, window: str = "measured") -> int:
-    """Largest live bytes by the CPU allocator's count recorded by ``prof`` (all
-    (de)allocations since the profiler started, gloo's worker threads included) while the
-    ``record_function(window)`` block ran."""
-    events = prof.profiler.kineto_results.events()
-    (w,) = [e for e in events if e.name() == window]
-    mem = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
-    live = sum(nbytes for t, nbytes in mem if t < w.start_ns())
-    peak = live
-    for t, nbytes in mem:
-        if w.start_ns() <= t <= w.end_ns():
-            live += nbytes
-            peak = max(peak, live)
-    return peak
 
 
 def peaks(size: str = "bench", bucket_size_mb: float = 1.0, n: int = BATCH) -> dict:

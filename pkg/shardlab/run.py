@@ -3,12 +3,12 @@
 Runs a worker function on N ranks, the same function a lab notebook passes to
 :func:`shardlab.runtime.launch`.
 
-* On a laptop or a single node: ``python -m shardlab.run _workers_ddp:benchmark --nproc 4 steps=10``
+* On a laptop or a single node: ``python -m shardlab.run benchmark_ddp:run --nproc 4 steps=10``
   starts the ranks through :func:`shardlab.runtime.launch` and prints every rank's return value.
 * Under ``torchrun`` (the environment already holds ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``MASTER_ADDR``, ``MASTER_PORT``)::
 
-      torchrun --nproc-per-node 8 -m shardlab.run _workers_ddp:benchmark steps=10
+      torchrun --nproc-per-node 8 -m shardlab.run benchmark_ddp:run steps=10
 
   each process initialises the default group from the environment (nccl with
   ``cuda:LOCAL_RANK`` when CUDA is available, else gloo), calls the function once and prints

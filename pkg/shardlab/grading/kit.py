@@ -87,8 +87,8 @@ When CUDA is available each rank takes one device and the process group uses ncc
 lab folder (its modules must be importable):
 
 ```bash
-../../.venv/bin/python -m shardlab.run _workers_ddp:benchmark --nproc 4 steps=10   # any node
-torchrun --nproc-per-node 4 -m shardlab.run _workers_ddp:benchmark steps=10       # under torchrun
+../../.venv/bin/python -m shardlab.run benchmark_ddp:run --nproc 4 steps=10   # any node
+torchrun --nproc-per-node 4 -m shardlab.run benchmark_ddp:run steps=10       # under torchrun
 ```
 
 (`labs/02_ddp` shown; every lab's `_workers_<topic>.py` functions run the same way.) On a
