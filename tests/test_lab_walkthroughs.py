@@ -15,9 +15,15 @@ and the sections after it fail, naming that function.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import textwrap
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
 
 import nbformat
 import pytest
@@ -28,19 +34,42 @@ from shardlab.grading.release import find_blocks
 
 pytestmark = pytest.mark.skipif(not REPO_LABS.is_dir(), reason="no labs/ folder")
 
+
+
+def _walkthroughs():
+    """Each lab declares its walkthrough in its rubric (an instructor file, not released):
+
+    [walkthrough]
+    modules = ["ddp.py"]                               # the modules its exercises cover
+    one_missing = ["ddp.py", "DDP._launch", "Exercise 4"]  # a late function, its exercise
+    """
+    out = {}
+    for lab_dir in sorted(REPO_LABS.glob("[0-9][0-9]_*")):
+        rubric = lab_dir / "rubric.toml"
+        if rubric.is_file():
+            table = tomllib.loads(rubric.read_text()).get("walkthrough")
+            if table:
+                out[lab_dir.name] = (tuple(table["modules"]), tuple(table["one_missing"]))
+    return out
+
+
+WALKTHROUGHS = _walkthroughs()
 # lab folder -> the modules its walkthrough covers
-LABS = {
-    "02_ddp": ("ddp.py",),
-    "03_zero": ("zero1.py", "zero2.py"),
-    "04_fsdp": ("fsdp_units.py", "fsdp.py"),
-}
+LABS = {lab: modules for lab, (modules, _) in WALKTHROUGHS.items()}
 # for the one-missing-function run: a function late in the lab, and the exercise it belongs to
-ONE_MISSING = {
-    "02_ddp": ("ddp.py", "DDP._launch", "Exercise 4"),
-    "03_zero": ("zero2.py", "ZeRO2.step", "Exercise 6"),
-    "04_fsdp": ("fsdp.py", "FSDP._post_backward", "Exercise 6"),
-}
+ONE_MISSING = {lab: one for lab, (_, one) in WALKTHROUGHS.items()}
 MEASURED_HEADING = "# Measured against predicted"
+
+
+def test_every_lab_with_a_notebook_is_a_walkthrough():
+    """Issue 16: labs 02-04 were reshaped and new labs follow the same shape."""
+    notebooks = {p.parent.name for p in REPO_LABS.glob("[0-9][0-9]_*/lab.ipynb")}
+    missing = sorted(notebooks - set(WALKTHROUGHS) - {"01_collectives"})
+    assert not missing, f"labs without a [walkthrough] table in rubric.toml: {missing}"
+    for lab, (modules, (name, qualname, exercise)) in WALKTHROUGHS.items():
+        assert modules and all((REPO_LABS / lab / m).is_file() for m in modules), lab
+        assert name in modules and qualname in wt.functions(REPO_LABS / lab / name), lab
+        assert re.fullmatch(r"Exercise \d+", exercise), (lab, exercise)
 
 
 # ----------------------------------------------------------------------- the helper
