@@ -20,7 +20,13 @@ def marked_processes(marker: str) -> list[psutil.Process]:
 
 
 def descendants() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if _alive(p)]
+    """Live descendants of this process, except the launcher's zygote: it imports torch once
+    and forks the ranks of every launch, so it outlives them by design (it exits with this
+    process; tests/test_dist_zygote.py checks that). The ranks it forked are still counted."""
+    from shardlab.runtime import _zygote
+
+    keep = _zygote.pid()
+    return [p for p in psutil.Process().children(recursive=True) if p.pid != keep and _alive(p)]
 
 
 def _alive(p: psutil.Process) -> bool:

@@ -1,7 +1,8 @@
 """Run a function on N ranks from a notebook, a script or a test, and get every rank's result.
 
-``launch(fn, nprocs, *args, **kwargs)`` starts ``nprocs`` fresh Python processes
-(``python -m shardlab.runtime._child``; never ``fork``), gives each the environment ``torchrun``
+``launch(fn, nprocs, *args, **kwargs)`` starts ``nprocs`` Python processes (gloo on Linux:
+forked from a warm interpreter that imported torch once, see ``_zygote``; otherwise fresh
+``python -m shardlab.runtime._child`` interpreters — never a fork of the caller), gives each the environment ``torchrun``
 would give (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``), initialises the default process group in each, calls ``fn(*args, **kwargs)``
 there and returns the list of return values in rank order.
@@ -69,6 +70,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+from shardlab.runtime import _zygote
 from shardlab.runtime._errors import LaunchError, LaunchTimeout, RankError
 from shardlab.runtime._importable import _locate
 from shardlab.runtime._importable import _resolve as _resolve  # used by _child and shardlab.run
@@ -239,6 +241,7 @@ def launch(
         if old_pp:
             path_parts.append(old_pp)
         threads = max(1, _cores() // nprocs)
+        warm = _zygote.usable(backend, env)
         progress_files = [os.path.join(run_dir, f"rank{r}.progress") for r in range(nprocs)]
         for r in range(nprocs):
             child_env = dict(os.environ)
@@ -266,7 +269,15 @@ def launch(
             child_env.pop("PYTEST_CURRENT_TEST", None)
             if env:
                 child_env.update({str(k): str(v) for k, v in env.items()})
-            out = open(os.path.join(run_dir, f"rank{r}.out"), "wb")  # noqa: SIM115
+            out_path = os.path.join(run_dir, f"rank{r}.out")
+            if warm:  # fork from the process that already imported torch (_zygote)
+                pythonpath = child_env["PYTHONPATH"].split(os.pathsep)
+                proc = _zygote.start(run_dir, r, child_env, cwd, pythonpath, out_path)
+                if proc is not None:
+                    procs.append(proc)
+                    continue
+                warm = False  # the zygote failed: spawn this rank and the rest
+            out = open(out_path, "wb")  # noqa: SIM115
             try:
                 procs.append(
                     subprocess.Popen(
