@@ -87,11 +87,12 @@ def fsdp_tp_reference(steps: int = STEPS) -> tuple[dict, list[float]]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}, losses
 
 
-def fsdp_tp_check(steps: int = STEPS) -> dict | None:
+def fsdp_tp_check(steps: int = STEPS, ag=None) -> dict | None:
     """Train ``steps`` SGD steps on the 2x2 mesh; trace step 0 per axis; compare with one
-    process. Rank 0 returns the report, with every rank's bytes."""
+    process. Rank 0 returns the report, with every rank's bytes. ``ag``: the mesh's groups,
+    when the caller has built them already."""
     mesh = Mesh(**FSDP_TP_MESH)
-    ag = build_axis_groups(mesh)
+    ag = ag or build_axis_groups(mesh)
     model = fsdp_tp_model(SerialGPT(TP_MODEL), ag)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses, bytes_row = [], None
@@ -153,9 +154,9 @@ def dp_pp_reference(steps: int = STEPS) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def dp_pp_check(steps: int = STEPS, kind: str = "1f1b") -> dict | None:
+def dp_pp_check(steps: int = STEPS, kind: str = "1f1b", ag=None) -> dict | None:
     mesh = Mesh(**DP_PP_MESH)
-    ag = build_axis_groups(mesh)
+    ag = ag or build_axis_groups(mesh)
     model = GPT(PP_MODEL, seed=0)
     stage, executor = dp_pp_pipeline(model, ag, kind, PP_M)
     mine = {id(p) for p in stage.parameters()}
