@@ -300,6 +300,19 @@ def check_many(cases: list[tuple], sweep: tuple | None = None) -> dict:
     return out
 
 
+def lab_report(cases: list[tuple], sweep: tuple, bench: tuple) -> dict:
+    """The notebook's 2-rank launch: :func:`check_many` ``(cases, sweep)``, then a small
+    :func:`benchmark` ``(cfg, tokens, steps)`` on the same ranks.
+
+    One launch rather than two: a process's first operation under a dispatch mode (the traces)
+    or through PyTorch's functional all-to-all imports ``torch._dynamo`` (about 2 s of CPU per
+    rank here), and separate benchmark ranks would pay that again.
+    """
+    out = check_many(cases, sweep)
+    out["bench"] = benchmark(*bench)
+    return out
+
+
 class TorchAllToAll:
     """PyTorch's own autograd-aware all-to-all, in place of the student's ``AllToAllRows``."""
 
