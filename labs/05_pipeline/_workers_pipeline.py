@@ -200,11 +200,35 @@ def compare(reports: list[dict], ref: dict) -> dict:
 
 
 # ------------------------------------------------------------------ timing
+def _steady_malloc() -> None:
+    """Keep freed activation memory for the next step (glibc, Linux only).
+
+    PyTorch's CPU allocator has no cache: tensors come from glibc's malloc. By default glibc
+    returns the top of its heap to the kernel once a step frees its activations, so every step
+    takes page faults (the kernel zeroing pages, charged to the computing thread) to grow it
+    again — the more so the more microbatches a schedule keeps alive (GPipe: all m). The
+    warm-up step then no longer warms anything up. Fixing the thresholds keeps the memory:
+    measured steps reuse it and an action's CPU time is its computation."""
+    import ctypes
+    import sys
+
+    if sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's largest: serve (b, s, 4h) from the heap
+    libc.mallopt(m_trim_threshold, 1 << 30)  # never shrink the heap between steps
+
+
 def timed(kind, m, v, size="timing", n=None, steps=5, layers=None):
     """Run ``steps`` + 1 steps (the first warms up); return this rank's events of every
     measured step relative to the step's common start (a barrier), each event with the
     action's CPU time appended: ``(start, end, action, cpu)``."""
     torch.set_num_threads(THREADS)  # one core per rank: a busy rank never waits for a thread
+    _steady_malloc()
     cfg, p = config(size), dist.get_world_size()
     n = n or 8 * m
     mine, named, ex = build(cfg, kind, p, m, v, layers=layers)
@@ -428,18 +452,21 @@ def benchmark(kind, m=8, size="bench", steps=5, n=None):
     }
 
 
-def timed_all(m=8, schedules=SCHEDULES, steps=5, layers=None, size="timing"):
+def timed_all(m=8, schedules=SCHEDULES, steps=5, layers=None, size="timing", n=None):
     """:func:`timed` for several schedules in one launch: ``{(kind, v): runs}``."""
-    return {(k, v): timed(k, m, v, size=size, steps=steps, layers=layers) for k, v in schedules}
+    return {
+        (k, v): timed(k, m, v, size=size, n=n, steps=steps, layers=layers) for k, v in schedules
+    }
 
 
-def measure_schedules(p=2, m=8, schedules=SCHEDULES, steps=5, layers=None, size="timing"):
-    """Launch :func:`timed_all` on ``p`` ranks and :func:`analyse` every schedule."""
+def measure_schedules(p=2, m=8, schedules=SCHEDULES, steps=5, layers=None, size="timing", n=None):
+    """Launch :func:`timed_all` on ``p`` ranks and :func:`analyse` every schedule; ``n``
+    samples per step (default ``8 m``: microbatches of 8 sequences)."""
     from shardlab.runtime import launch
 
     runs = launch(
-        "_workers_pipeline:timed_all", p, m, schedules, steps, layers, size, quiet=True,
-        timeout=600,
+        "_workers_pipeline:timed_all", p, m, schedules, steps, layers, size, n, quiet=True,
+        timeout=900,
     )  # fmt: skip
     return {key: analyse([r[key] for r in runs], key[0], m, key[1]) for key in schedules}
 

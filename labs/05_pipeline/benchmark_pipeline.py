@@ -2,7 +2,7 @@
 of balanced stages measured against the closed form.
 
     python benchmark_pipeline.py [--ranks 2] [--steps 6] [--microbatches 8] [--repeats 3]
-    python benchmark_pipeline.py --bubble [--ranks 2 4] [--repeats 3]
+    python benchmark_pipeline.py --bubble [--ranks 2 4] [--repeats 3] [--mb-size 8]
 
 **Step time.** Both sides run the same ``split_stages`` of the same GPT on the same batch in
 the same processes, alternating step by step: ours executes ``accounting.pipeline.
@@ -16,7 +16,10 @@ smaller); then, over the ``--repeats`` launches, the median time ratio and its r
 
 **Bubble.** ``--bubble`` runs the four schedules on ``--ranks`` ranks with the lab's 'timing'
 model (8 equal blocks of h = 128; the embeddings and the head cost under 1 % of a stage),
-m = 8, and prints per schedule the per-rank CPU cost of F and B (and its spread), the
+m = 8 microbatches of ``--mb-size`` sequences of 64 tokens (8, as in the lab notebook; 16 doubles
+every action's compute — on 2 shared cores it did not bring the idle fraction closer to the
+closed form, because the boundary tensor is there before the next stage asks for it: the
+remaining gap is the stages' few-% imbalance and the spread of action times), and prints per schedule the per-rank CPU cost of F and B (and its spread), the
 measured idle fraction of the least disturbed of 5 steps (median over the repeats, and the
 range), the simulator fed the measured costs, the closed form
 ``accounting.pipeline.schedule_idle_fraction`` and whether measured is within 3 percentage
@@ -73,15 +76,18 @@ def step_times(ranks: int, m: int, steps: int, repeats: int) -> list[list[dict]]
     return runs
 
 
-def bubble(ranks: list[int], repeats: int, m: int = 8) -> dict:
+def bubble(ranks: list[int], repeats: int, m: int = 8, mb_size: int = 8) -> dict:
     """Balanced-stage idle fraction on each world size, ``repeats`` launches each."""
     import _workers_pipeline as W
 
     out = {}
     for p in ranks:
-        reps = [W.measure_schedules(p=p, m=m) for _ in range(repeats)]
+        reps = [W.measure_schedules(p=p, m=m, n=m * mb_size) for _ in range(repeats)]
         out[p] = reps
-        print(f"\n{p} ranks, m = {m}, 'timing' model: {8 // p} blocks per stage ({repeats} runs)")
+        print(
+            f"\n{p} ranks, m = {m} microbatches of {mb_size} sequences, 'timing' model: "
+            f"{8 // p} blocks per stage ({repeats} runs)"
+        )
         print(
             f"{'schedule':12}{'CPU ms F per rank':>24}{'F spread':>9}{'B spread':>9}"
             f"{'idle meas.':>11}{'(range)':>14}{'sim.':>7}{'closed':>8}{'|diff|':>8}  within 3 pp"
@@ -112,9 +118,10 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bubble", action="store_true", help="measure the balanced-stage bubble")
+    ap.add_argument("--mb-size", type=int, default=8, help="sequences per microbatch (--bubble)")
     a = ap.parse_args(argv)
     if a.bubble:
-        return bubble(a.ranks or [2, 4], a.repeats, a.microbatches)
+        return bubble(a.ranks or [2, 4], a.repeats, a.microbatches, a.mb_size)
     return step_times((a.ranks or [2])[0], a.microbatches, a.steps, a.repeats)
 
 

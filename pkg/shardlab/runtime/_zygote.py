@@ -40,8 +40,11 @@ import sys
 import threading
 import time
 
-# variables read when torch / OpenMP load: a rank needing other values must start fresh
-IMPORT_TIME_PREFIXES = ("TORCH_", "PYTORCH_", "OMP_", "MKL_", "KMP_", "CUDA_", "PYTHON", "LD_")
+# variables read when the process, glibc's allocator, torch or OpenMP start: a rank that needs
+# other values than the zygote's must start fresh
+IMPORT_TIME_PREFIXES = (
+    "TORCH_", "PYTORCH_", "OMP_", "MKL_", "KMP_", "CUDA_", "PYTHON", "LD_", "MALLOC_", "GLIBC_",
+)  # fmt: skip
 
 
 def usable(backend: str, env: dict | None) -> bool:
