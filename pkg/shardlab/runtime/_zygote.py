@@ -209,6 +209,11 @@ def serve(caller: int) -> None:
     import torch  # noqa: F401 - the point of the zygote: every rank forks with it loaded
     import torch.distributed  # noqa: F401
 
+    try:  # CommTrace/MemoryTrace's dispatch modes and functional collectives import it in a
+        import torch._dynamo  # noqa: F401 - rank: 1.5-3.5 s of CPU each time
+    except Exception:  # pragma: no cover - optional; ranks import it themselves if needed
+        pass
+
     from shardlab.runtime import _child  # noqa: F401
 
     # the protocol moves off fds 0/1, so a forked rank's output can take them
