@@ -3,8 +3,8 @@
 ``walkthrough(parts)`` runs, on the ranks of a 2x2 mesh, the check of each exercise named in
 ``parts`` and rank 0 returns ``{part: result}``. The notebook launches it once with every
 part whose functions are no longer stubs, so the exercises and the measured sections share
-one start of four processes (most of a launch's cost: the processes, torch._dynamo, which
-the first optimizer imports, the lab modules; every check here takes well under a second).
+one start of four processes (most of a launch's cost: the processes, torch, the lab modules
+and the process groups; every check here takes about a second or less).
 
 * ``groups``: :func:`combined.build_axis_groups` on both meshes, with every ``new_group``
   call recorded (each rank must make the same calls in the same order) and the group kept on

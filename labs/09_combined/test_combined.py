@@ -58,11 +58,12 @@ def _launch() -> dict:
 def report(tmp_path_factory):
     """Both layouts from ONE 4-rank launch per test run (see :func:`_launch`).
 
-    Most of a launch is starting four processes (torch, and torch._dynamo, which the first
-    optimizer imports); the checks themselves take well under a second. Under ``pytest -n``
-    each worker would run this module fixture itself, so the first worker to get here
-    launches and stores the result in the run's shared temporary folder, and the others wait
-    on a file lock and read it (pytest-xdist's documented pattern for once-per-session data).
+    Most of a launch is starting the ranks (the warm parent that imports torch once per test
+    process, the lab modules, the process groups); both checks take about a second. Under
+    ``pytest -n`` each worker would run this module fixture itself, so the first worker to get
+    here launches and stores the result in the run's shared temporary folder, and the others
+    wait on a file lock and read it (pytest-xdist's documented pattern for once-per-session
+    data).
     """
     try:
         import fcntl
