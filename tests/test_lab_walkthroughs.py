@@ -216,10 +216,15 @@ def _guarded(nb, cell):
 
 
 def _reference_into(released, lab):
-    """Every module of the lab that holds a solution (later sections may use more than LABS)."""
+    """Every module of the lab that holds a solution (later sections may use more than LABS),
+    and the other labs' modules its rubric's ``[needs]`` names (lab 09 runs labs 04-06's)."""
     for path in sorted((REPO_LABS / lab).glob("*.py")):
         if find_blocks(path.read_text(), str(path)):
             shutil.copyfile(path, released / lab / path.name)
+    needs = tomllib.loads((REPO_LABS / lab / "rubric.toml").read_text()).get("needs", {})
+    for other, names in needs.items():
+        for name in names:
+            shutil.copyfile(REPO_LABS / other / name, released / other / name)
 
 
 def _strip_one(source, qualname, filename, tmp_path):

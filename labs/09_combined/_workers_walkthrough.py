@@ -28,6 +28,7 @@ from shardlab.accounting import comm
 from shardlab.accounting import pipeline as pacc
 from shardlab.accounting.mesh import AXES, Mesh
 from shardlab.models import GPT
+from shardlab.runtime import device
 from torch import nn
 
 MESHES = {"fsdp_tp": FSDP_TP_MESH, "dp_pp": DP_PP_MESH}
@@ -116,8 +117,9 @@ def pipeline_rows(ags, kind: str = "1f1b") -> list:
 
 
 def _seeded_grads(rank: int) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(1000 + rank)
-    return [torch.randn(*s, generator=gen) for s in GRAD_SHAPES]
+    gen = torch.Generator().manual_seed(1000 + rank)  # seeded on the CPU: the same numbers
+    dev = device()  # on every backend, then moved to the rank's device
+    return [torch.randn(*s, generator=gen, device=gen.device).to(dev) for s in GRAD_SHAPES]
 
 
 def all_reduce_rows(ags) -> list:
@@ -126,7 +128,7 @@ def all_reduce_rows(ags) -> list:
     from mesh_trace import AxisTrace
 
     ag = _ag(ags, "dp_pp")
-    params = [nn.Parameter(torch.zeros(*s)) for s in GRAD_SHAPES]
+    params = [nn.Parameter(torch.zeros(*s, device=device())) for s in GRAD_SHAPES]
     for p, g in zip(params, _seeded_grads(ag.rank)):
         p.grad = g
     line = ag.mesh.group_of(ag.rank, "dp")
