@@ -1,29 +1,58 @@
-"""The lab notebook's timed launch: every 2-rank timing measurement in one launch.
+"""The lab notebook's launches: several measurements per launch, so the notebook starts few ranks.
 
-Starting ranks costs seconds (each is a fresh interpreter importing torch), so the notebook's
-bubble, unbalanced-split and side-by-side sections read one launch of :func:`timed_suite`:
+Starting ranks costs seconds (each is a fresh interpreter importing torch), and so does the
+first ``torch.optim.AdamW`` of a process (it imports ``torch._dynamo``). So:
 
-* ``balanced``: :func:`_workers_pipeline.timed` for every schedule on the 'timing' model
-  (equal stages), ``{(kind, v): events of each measured step}``;
-* ``unbalanced``: the same for 1F1B with the blocks split ``layers`` (one block moved from
-  the first stage to the second);
-* ``bench``: :func:`_workers_pipeline.benchmark` per schedule, ours beside
-  ``torch.distributed.pipelining`` on the same stages and batch.
+* :func:`launch_checks` runs :func:`_workers_pipeline.check_all` (3 AdamW steps per schedule,
+  one step traced for bytes, one for saved activations) and, on rank 0 after it, the
+  one-process references :func:`_workers_pipeline.reference` (the same microbatches
+  accumulated in order, and the full batch): the ranks have paid for AdamW's imports already,
+  the notebook's own process then never does;
+* :func:`timed_suite` serves the bubble, unbalanced-split and side-by-side sections:
+  ``balanced``: :func:`_workers_pipeline.timed` for every schedule on the 'timing' model,
+  ``{(kind, v): events of each measured step}``; ``unbalanced``: the same for 1F1B with the
+  blocks split ``layers`` (one block moved from the first stage to the second); ``bench``:
+  :func:`_workers_pipeline.benchmark` per schedule, ours beside ``torch.distributed.pipelining``
+  on the same stages and batch.
 
 Nothing here is used by the tests or the grader; ``benchmark_pipeline.py`` runs the longer
-versions (several launches, more steps, medians).
+measurements (more microbatches and steps, several launches, medians).
 """
 
 from __future__ import annotations
 
 import _workers_pipeline as W
+import torch.distributed as dist
+from shardlab.accounting import pipeline as acc
+
+
+def checks(size: str, m: int, n: int, schedules) -> tuple[dict, tuple[dict, dict] | None]:
+    """On each rank: its :func:`_workers_pipeline.check_all` report; rank 0 also returns the
+    references ``(microbatched, full batch)`` (``None`` on the other ranks)."""
+    runs = W.check_all(size, m, n, schedules)
+    refs = None
+    if dist.get_rank() == 0:  # one process, the same batch: what the pipeline must equal
+        refs = (W.reference(size, m, n), W.reference(size, m, n, full_batch=True))
+    return runs, refs
+
+
+def launch_checks(p: int, m: int, schedules, size: str = "test"):
+    """Validate every ``(kind, p, m, v, n_layer)`` (a ``ValueError`` naming the values, before
+    any rank starts), run :func:`checks` on ``p`` ranks with ``2 m`` sequences per step;
+    return ``(reports per rank, (reference, full-batch reference))``."""
+    from shardlab.runtime import launch
+
+    for kind, v in schedules:
+        acc.check_pipeline(kind, p, m, v, W.config(size).n_layer)
+    out = launch("_workers_pipeline_nb:checks", p, size, m, 2 * m, schedules, quiet=True)
+    return [runs for runs, _ in out], out[0][1]
 
 
 def timed_suite(
-    m: int = 8,
-    steps: int = 3,
+    m: int = 4,
+    steps: int = 4,
     layers: tuple[int, int] = (3, 5),
-    bench_m: int = 8,
+    bench_m: int = 4,
     bench_steps: int = 2,
     schedules=W.SCHEDULES,
 ) -> dict:
