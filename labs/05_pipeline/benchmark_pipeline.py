@@ -19,9 +19,9 @@ model (8 equal blocks of h = 128; the embeddings and the head cost under 1 % of 
 m = 8 microbatches of ``--mb-size`` sequences of 64 tokens (8, as in the lab notebook; 16 doubles
 every action's compute — on 2 shared cores it did not bring the idle fraction closer to the
 closed form, because the boundary tensor is there before the next stage asks for it: the
-remaining gap is the stages' few-% imbalance and the spread of action times), and prints per schedule the per-rank CPU cost of F and B (and its spread), the
-measured idle fraction of the least disturbed of 5 steps (median over the repeats, and the
-range), the simulator fed the measured costs, the closed form
+remaining gap is the stages' few-% imbalance and the spread of action times), and prints per
+schedule the per-rank CPU cost of F and B (and its spread), the measured idle fraction of the
+least disturbed of ``--steps`` (10) steps (median over the repeats, and the range), the simulator fed the measured costs, the closed form
 ``accounting.pipeline.schedule_idle_fraction`` and whether measured is within 3 percentage
 points of it (the target).
 
@@ -76,13 +76,13 @@ def step_times(ranks: int, m: int, steps: int, repeats: int) -> list[list[dict]]
     return runs
 
 
-def bubble(ranks: list[int], repeats: int, m: int = 8, mb_size: int = 8) -> dict:
+def bubble(ranks: list[int], repeats: int, m: int = 8, mb_size: int = 8, steps: int = 10) -> dict:
     """Balanced-stage idle fraction on each world size, ``repeats`` launches each."""
     import _workers_pipeline as W
 
     out = {}
     for p in ranks:
-        reps = [W.measure_schedules(p=p, m=m, n=m * mb_size) for _ in range(repeats)]
+        reps = [W.measure_schedules(p=p, m=m, n=m * mb_size, steps=steps) for _ in range(repeats)]
         out[p] = reps
         print(
             f"\n{p} ranks, m = {m} microbatches of {mb_size} sequences, 'timing' model: "
@@ -114,15 +114,17 @@ def bubble(ranks: list[int], repeats: int, m: int = 8, mb_size: int = 8) -> dict
 def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=None)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument(
+        "--steps", type=int, default=None, help="measured steps per launch (6; --bubble: 10)"
+    )
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bubble", action="store_true", help="measure the balanced-stage bubble")
     ap.add_argument("--mb-size", type=int, default=8, help="sequences per microbatch (--bubble)")
     a = ap.parse_args(argv)
     if a.bubble:
-        return bubble(a.ranks or [2, 4], a.repeats, a.microbatches, a.mb_size)
-    return step_times((a.ranks or [2])[0], a.microbatches, a.steps, a.repeats)
+        return bubble(a.ranks or [2, 4], a.repeats, a.microbatches, a.mb_size, a.steps or 10)
+    return step_times((a.ranks or [2])[0], a.microbatches, a.steps or 6, a.repeats)
 
 
 if __name__ == "__main__":
