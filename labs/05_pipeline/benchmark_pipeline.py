@@ -21,9 +21,9 @@ every action's compute — on 2 shared cores it did not bring the idle fraction 
 closed form, because the boundary tensor is there before the next stage asks for it: the
 remaining gap is the stages' few-% imbalance and the spread of action times), and prints per
 schedule the per-rank CPU cost of F and B (and its spread), the measured idle fraction of the
-least disturbed of ``--steps`` (10) steps (median over the repeats, and the range), the simulator fed the measured costs, the closed form
-``accounting.pipeline.schedule_idle_fraction`` and whether measured is within 3 percentage
-points of it (the target).
+least disturbed of ``--steps`` (10) steps (median over the repeats, and the range), the
+simulator fed the measured costs, the closed form ``accounting.pipeline.schedule_idle_fraction``
+and whether measured is within 3 percentage points of it (the target).
 
 Each rank uses one intra-op thread. On a machine shared with other jobs, run it under the
 lock and, as root, with a raised priority (the stored numbers: ``flock
