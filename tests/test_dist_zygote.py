@@ -70,6 +70,17 @@ def test_spawned_when_the_environment_must_be_fresh(tmp_path, monkeypatch, env, 
     assert [r["value"] for r in res] == [env.get("TORCH_SHOW_CPP_STACKTRACES")] * 2
 
 
+def test_a_changed_runtime_file_restarts_the_zygote(monkeypatch):
+    launch("_dist_workers:env_report", 2, quiet=True)
+    old = _zygote.pid()
+    monkeypatch.setattr(_zygote, "_started", 0.0)  # as if every runtime file changed since
+    launch("_dist_workers:env_report", 2, quiet=True)
+    new = _zygote.pid()
+    assert new is not None and new != old and not psutil.pid_exists(old)
+    launch("_dist_workers:env_report", 2, quiet=True)
+    assert _zygote.pid() == new  # unchanged files: the same zygote serves the next launch
+
+
 def test_usable():
     assert _zygote.usable("gloo", None) and _zygote.usable("gloo", {"OMP_NUM_THREADS": "1"})
     assert not _zygote.usable("nccl", None)  # CUDA is never initialised before a fork

@@ -15,7 +15,8 @@ What a forked rank does
     and runs :func:`shardlab.runtime._child.main` — the same entry point, so results, errors,
     stack dumps on timeout and the parent watchdog behave the same. Its parent is the zygote;
     the zygote exits when the caller closes its pipe or dies, and the ranks' watchdog then
-    sees their parent go.
+    sees their parent go. The zygote holds ``shardlab.runtime`` as it was when it started;
+    when one of that package's files changes, the next launch starts a new zygote.
 
 Protocol
     The caller writes length-prefixed pickled requests to the zygote's stdin; the zygote answers
@@ -101,6 +102,7 @@ def _exists(pid: int) -> bool:
 
 _lock = threading.Lock()
 _zygote: subprocess.Popen | None = None
+_started = 0.0  # when it started (time.time())
 
 
 def pid() -> int | None:
@@ -109,9 +111,26 @@ def pid() -> int | None:
     return z.pid if z is not None and z.poll() is None else None
 
 
+def _stale() -> bool:
+    """True once a file of ``shardlab.runtime`` changed after the zygote started: the zygote
+    holds these modules, so ranks would otherwise run the old code until the caller restarts."""
+    folder = os.path.dirname(os.path.abspath(__file__))
+    try:
+        return any(
+            os.stat(os.path.join(folder, f)).st_mtime > _started
+            for f in os.listdir(folder)
+            if f.endswith(".py")
+        )
+    except OSError:  # pragma: no cover
+        return True
+
+
 def _get() -> subprocess.Popen:
-    global _zygote
+    global _zygote, _started
+    if _zygote is not None and _zygote.poll() is None and _stale():
+        _stop(_zygote)
     if _zygote is None or _zygote.poll() is not None:
+        _started = time.time()
         _zygote = subprocess.Popen(
             [sys.executable, "-u", "-m", "shardlab.runtime._zygote", str(os.getpid())],
             stdin=subprocess.PIPE,
