@@ -14,7 +14,6 @@ and the sections after it fail, naming that function.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import sys
@@ -33,7 +32,6 @@ from shardlab.grading import release
 from shardlab.grading.release import find_blocks
 
 pytestmark = pytest.mark.skipif(not REPO_LABS.is_dir(), reason="no labs/ folder")
-
 
 
 def _walkthroughs():
@@ -236,19 +234,9 @@ def _strip_one(source, qualname, filename, tmp_path):
     stripped.write_text(strip_solutions(source, filename))
     owners = [s.qualname for s in wt.stubs(stripped)]  # one stub per block, in file order
     assert len(owners) == len(blocks)
-    chosen = {b.begin: b for b, owner in zip(blocks, owners) if owner == qualname}
+    chosen = {b.begin for b, owner in zip(blocks, owners) if owner == qualname}
     assert chosen, f"{filename} has no solution block in {qualname}"
-    lines, out, i = source.splitlines(keepends=True), [], 1
-    while i <= len(lines):
-        b = chosen.get(i)
-        if b is None:
-            out.append(lines[i - 1])
-            i += 1
-            continue
-        indent = lines[i - 1][: len(lines[i - 1]) - len(lines[i - 1].lstrip())]
-        out.append(f"{indent}raise NotImplementedError({json.dumps(b.hint)})\n")
-        i = b.end + 1
-    return "".join(out)
+    return strip_solutions(source, filename, only=chosen)
 
 
 @pytest.mark.slow

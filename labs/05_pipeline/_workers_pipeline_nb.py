@@ -1,7 +1,7 @@
 """The lab notebook's launches: several measurements per launch, so the notebook starts few ranks.
 
-Starting ranks costs seconds (each is a fresh interpreter importing torch), and so does the
-first ``torch.optim.AdamW`` of a process (it imports ``torch._dynamo``). So:
+Each launch sets up ranks, process groups and models again, and the notebook's own process
+would import what the first ``torch.optim.AdamW`` needs only to compute references. So:
 
 * :func:`launch_checks` runs :func:`_workers_pipeline.check_all` (3 AdamW steps per schedule,
   one step traced for bytes, one for saved activations) and, on rank 0 after it, the
@@ -9,8 +9,8 @@ first ``torch.optim.AdamW`` of a process (it imports ``torch._dynamo``). So:
   accumulated in order, and the full batch): the ranks have paid for AdamW's imports already,
   the notebook's own process then never does;
 * :func:`timed_suite` serves the bubble, unbalanced-split and side-by-side sections:
-  ``balanced``: :func:`_workers_pipeline.timed` for every schedule on the 'timing' model,
-  ``{(kind, v): events of each measured step}``; ``unbalanced``: the same for 1F1B with the
+  ``balanced``: :func:`_workers_pipeline.timed_all` (``timed`` for every schedule) on the
+  'timing' model, ``{(kind, v): events of each measured step}``; ``unbalanced``: the same for 1F1B with the
   blocks split ``layers`` (one block moved from the first stage to the second); ``bench``:
   :func:`_workers_pipeline.benchmark` per schedule, ours beside ``torch.distributed.pipelining``
   on the same stages and batch.
@@ -58,7 +58,7 @@ def timed_suite(
 ) -> dict:
     """Run on 2 ranks: the balanced timing of ``schedules``, the unbalanced 1F1B, the
     benchmark rows (see the module docstring). Each rank returns its own events."""
-    balanced = {(k, v): W.timed(k, m, v, steps=steps) for k, v in schedules}
+    balanced = W.timed_all(m, schedules, steps)
     unbalanced = W.timed("1f1b", m, 1, steps=steps, layers=list(layers))
     bench = [W.benchmark(k, m=bench_m, steps=bench_steps) for k, _ in schedules]
     return {"balanced": balanced, "unbalanced": unbalanced, "bench": bench}

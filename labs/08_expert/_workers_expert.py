@@ -10,11 +10,6 @@ Results come back as small plain-Python dicts; the caller asserts on them.
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pickle
-from pathlib import Path
-
 import moe as M
 import torch
 import torch.distributed as dist
@@ -22,6 +17,7 @@ import torch.nn.functional as F
 from shardlab.accounting import expert as acc
 from shardlab.accounting.mesh import Mesh, moe_fold
 from shardlab.runtime import CommTrace, launch
+from shardlab.runtime.once_per_run import once_per_run
 from torch.utils._python_dispatch import TorchDispatchMode
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -304,9 +300,8 @@ def lab_report(cases: list[tuple], sweep: tuple, bench: tuple) -> dict:
     """The notebook's 2-rank launch: :func:`check_many` ``(cases, sweep)``, then a small
     :func:`benchmark` ``(cfg, tokens, steps)`` on the same ranks.
 
-    One launch rather than two: a process's first operation under a dispatch mode (the traces)
-    or through PyTorch's functional all-to-all imports ``torch._dynamo`` (about 2 s of CPU per
-    rank here), and separate benchmark ranks would pay that again.
+    One launch rather than two: the benchmark reuses the ranks and process groups the checks
+    already set up.
     """
     out = check_many(cases, sweep)
     out["bench"] = benchmark(*bench)
@@ -379,24 +374,11 @@ def benchmark(cfg: M.MoEConfig, tokens_per_rank: int, steps: int = 20, warmup: i
 
 
 def launch_once(tmp_path_factory, key: str, fn, nprocs: int, *args, **kwargs):
-    """``launch(fn, nprocs, *args)`` once per pytest run, shared by every xdist worker.
-
-    Under ``pytest -n`` each worker would run a module fixture itself, so the ranks would start
-    twice; the first worker to get here launches and stores the results in the run's shared
-    temporary folder, the others wait on a file lock and read them (pytest-xdist's documented
-    pattern for once-per-session data).
-    """
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return launch(fn, nprocs, *args, quiet=True, **kwargs)
-    root = Path(tmp_path_factory.getbasetemp()).parent  # this run's folder, shared by workers
-    data = root / f"lab08-{key}.pkl"
-    with open(root / f"lab08-{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if data.is_file():
-            return pickle.loads(data.read_bytes())
-        res = launch(fn, nprocs, *args, quiet=True, **kwargs)
-        data.write_bytes(pickle.dumps(res))
-        return res
+    """``launch(fn, nprocs, *args)`` once per pytest run, shared by every xdist worker
+    (:func:`shardlab.runtime.once_per_run.once_per_run`)."""
+    return once_per_run(
+        tmp_path_factory, f"lab08-{key}", lambda: launch(fn, nprocs, *args, quiet=True, **kwargs)
+    )
 
 
 def run(

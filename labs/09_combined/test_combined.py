@@ -19,14 +19,11 @@ Tolerances against one process (fp32, 3 SGD steps, lr 0.1), and why:
 
 from __future__ import annotations
 
-import os
-import pickle
-from pathlib import Path
-
 import pytest
 from combined import AxisGroups, dp_pp_pipeline, fsdp_tp_model
 from shardlab.accounting.mesh import Mesh
 from shardlab.runtime import launch
+from shardlab.runtime.once_per_run import once_per_run
 
 PARAM_TOL, LOSS_TOL = 1e-6, 1e-5
 
@@ -56,28 +53,9 @@ def _launch() -> dict:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    """Both layouts from ONE 4-rank launch per test run (see :func:`_launch`).
-
-    Most of a launch is starting the ranks (the warm parent that imports torch once per test
-    process, the lab modules, the process groups); both checks take about a second. Under
-    ``pytest -n`` each worker would run this module fixture itself, so the first worker to get
-    here launches and stores the result in the run's shared temporary folder, and the others
-    wait on a file lock and read it (pytest-xdist's documented pattern for once-per-session
-    data).
-    """
-    try:
-        import fcntl
-    except ImportError:  # no fcntl (Windows): every worker launches
-        return _launch()
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return _launch()
-    root = Path(tmp_path_factory.getbasetemp()).parent  # this run's folder, shared by workers
-    data = root / "lab09-report.pkl"
-    with open(root / "lab09-report.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not data.is_file():
-            data.write_bytes(pickle.dumps(_launch()))
-        return pickle.loads(data.read_bytes())
+    """Both layouts from ONE 4-rank launch per test run (see :func:`_launch`), shared by the
+    pytest-xdist workers (:func:`shardlab.runtime.once_per_run.once_per_run`)."""
+    return once_per_run(tmp_path_factory, "lab09-report", _launch)
 
 
 def _layout(report, layout):

@@ -85,9 +85,12 @@ def find_blocks(source: str, filename: str = "<string>") -> list[SolutionBlock]:
     return blocks
 
 
-def strip_solutions(source: str, filename: str = "<string>", check_python: bool = True) -> str:
-    """Replace every solution block of ``source`` by a ``NotImplementedError`` stub."""
-    blocks = find_blocks(source, filename)
+def strip_solutions(
+    source: str, filename: str = "<string>", check_python: bool = True, only=None
+) -> str:
+    """Replace every solution block of ``source`` by a ``NotImplementedError`` stub; with
+    ``only`` (a set of ``# BEGIN SOLUTION`` line numbers), just those blocks."""
+    blocks = [b for b in find_blocks(source, filename) if only is None or b.begin in only]
     if not blocks:
         return source
     lines = source.splitlines(keepends=True)
