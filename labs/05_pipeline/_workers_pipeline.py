@@ -223,12 +223,33 @@ def _steady_malloc() -> None:
     libc.mallopt(m_trim_threshold, 1 << 30)  # never shrink the heap between steps
 
 
+def _pin_to_core() -> bool:
+    """Bind every thread of this rank (the computing one and gloo's I/O threads) to core
+    ``rank``, as a GPU rank owns its device; only when every rank can have a core of its own
+    (Linux). Unpinned, the scheduler moves threads between the cores, and one rank's I/O
+    thread preempts the other rank's computation for a time slice (~6 ms on two cores)."""
+    import os
+
+    if not hasattr(os, "sched_setaffinity") or os.environ.get("SHARDLAB_PIN") == "0":
+        return False
+    cores = sorted(os.sched_getaffinity(0))
+    if dist.get_world_size() > len(cores):
+        return False
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cores[dist.get_rank()]})
+        except OSError:  # the thread ended meanwhile
+            pass
+    return True
+
+
 def timed(kind, m, v, size="timing", n=None, steps=5, layers=None):
     """Run ``steps`` + 1 steps (the first warms up); return this rank's events of every
     measured step relative to the step's common start (a barrier), each event with the
     action's CPU time appended: ``(start, end, action, cpu)``."""
     torch.set_num_threads(THREADS)  # one core per rank: a busy rank never waits for a thread
     _steady_malloc()
+    _pin_to_core()
     cfg, p = config(size), dist.get_world_size()
     n = n or 8 * m
     mine, named, ex = build(cfg, kind, p, m, v, layers=layers)
@@ -371,6 +392,7 @@ def benchmark(kind, m=8, size="bench", steps=5, n=None):
     from shardlab.runtime import MemoryTrace
 
     torch.set_num_threads(THREADS)
+    _pin_to_core()  # both sides run in these threads: the same binding for both
     cfg, p = config(size), dist.get_world_size()
     v = 2 if kind == "interleaved" else 1
     n = n or 8 * m

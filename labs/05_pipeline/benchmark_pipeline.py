@@ -1,7 +1,7 @@
 """Benchmark: this lab's pipeline executor vs ``torch.distributed.pipelining``, and the bubble
 of balanced stages measured against the closed form.
 
-    python benchmark_pipeline.py [--ranks 2] [--steps 6] [--microbatches 8] [--repeats 3]
+    python benchmark_pipeline.py [--ranks 2] [--steps 12] [--microbatches 8] [--repeats 3]
     python benchmark_pipeline.py --bubble [--ranks 2 4] [--repeats 3] [--mb-size 8]
 
 **Step time.** Both sides run the same ``split_stages`` of the same GPT on the same batch in
@@ -25,7 +25,9 @@ least disturbed of ``--steps`` (10) steps (median over the repeats, and the rang
 simulator fed the measured costs, the closed form ``accounting.pipeline.schedule_idle_fraction``
 and whether measured is within 3 percentage points of it (the target).
 
-Each rank uses one intra-op thread. On a machine shared with other jobs, run it under the
+Each rank uses one intra-op thread, and where every rank can have a core of its own, each
+rank's threads are bound to its core (``_workers_pipeline._pin_to_core``; ``SHARDLAB_PIN=0``
+turns that off). On a machine shared with other jobs, run it under the
 lock and, as root, with a raised priority (the stored numbers: ``flock
 /tmp/shardlab-heavy.lock nice -n -15 python benchmark_pipeline.py ...``).
 """
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=None)
     ap.add_argument(
-        "--steps", type=int, default=None, help="measured steps per launch (6; --bubble: 10)"
+        "--steps", type=int, default=None, help="measured steps per launch (12; --bubble: 10)"
     )
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None):
     a = ap.parse_args(argv)
     if a.bubble:
         return bubble(a.ranks or [2, 4], a.repeats, a.microbatches, a.mb_size, a.steps or 10)
-    return step_times((a.ranks or [2])[0], a.microbatches, a.steps or 6, a.repeats)
+    return step_times((a.ranks or [2])[0], a.microbatches, a.steps or 12, a.repeats)
 
 
 if __name__ == "__main__":
