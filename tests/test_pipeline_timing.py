@@ -61,3 +61,41 @@ def test_balanced_bubble_two_ranks():
             f"closed form {closed:.1%}, gap {100 * (idle[kind] - closed):+.1f} pp"
         )
     assert idle["interleaved"] < idle["1f1b"] and idle["zb-h1"] < idle["1f1b"], idle
+
+
+def test_events_are_busy_time_after_the_input_arrived():
+    """An event is the time a rank worked on an action: one rank's events never overlap, the
+    CPU time spent in an action is at most its length (the wait for the input is outside it,
+    and it blocks without using the CPU), and no action starts before the one producing its
+    boundary tensor (activation or input gradient) on the neighbouring rank started. (Not
+    before it *ended*: the producer's end is stamped after its ``isend`` returns, and the
+    tensor can be in before that — a send call took milliseconds now and then.)"""
+    import _workers_pipeline as W
+    from shardlab.accounting.pipeline import Action
+    from shardlab.runtime import launch
+
+    p = 2
+    ranks = launch("_workers_pipeline:timed_all", p, 4, W.SCHEDULES, 1, quiet=True)
+    checked = 0
+    for key in W.SCHEDULES:
+        ev = [rank[key][0] for rank in ranks]  # one measured step: (start, end, action, cpu)
+        last = p * key[1] - 1
+        begin = {(r, a): s for r in range(p) for s, _, a, _ in ev[r]}
+        for r in range(p):
+            assert all(s <= e and c <= e - s + 1e-3 for s, e, _, c in ev[r]), (key, r)
+            assert all(x[1] <= y[0] for x, y in zip(ev[r], ev[r][1:])), (key, r)
+            for s, _, a, _ in ev[r]:
+                k = a.chunk * p + r  # virtual stage
+                if a.kind == "F" and k > 0:
+                    src = k - 1
+                    kinds = ("F",)
+                elif a.kind in ("B", "BI") and k < last:
+                    src = k + 1
+                    kinds = ("B", "BI")
+                else:
+                    continue
+                starts = [begin.get((src % p, Action(x, a.microbatch, src // p))) for x in kinds]
+                (s0,) = [x for x in starts if x is not None]
+                assert s >= s0, (key, r, str(a), s, s0)
+                checked += 1
+    assert checked == sum(2 * 4 * (p * v - 1) for _, v in W.SCHEDULES)  # every hand-over

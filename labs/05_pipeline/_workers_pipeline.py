@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 from pipeline import PipeConfig, PipelineExecutor, split_stages
 from shardlab.accounting import pipeline as acc
+from shardlab.accounting.pipeline_cores import simulate_shared
 from shardlab.models import GPT, GPTConfig, lm_loss, step_batch
 
 # n_layer 8: 8 virtual stages for p=4, v=2. "timing": one block costs ~10 ms per microbatch
@@ -228,8 +230,6 @@ def _pin_to_core() -> bool:
     ``rank``, as a GPU rank owns its device; only when every rank can have a core of its own
     (Linux). Unpinned, the scheduler moves threads between the cores, and one rank's I/O
     thread preempts the other rank's computation for a time slice (~6 ms on two cores)."""
-    import os
-
     if not hasattr(os, "sched_setaffinity") or os.environ.get("SHARDLAB_PIN") == "0":
         return False
     cores = sorted(os.sched_getaffinity(0))
@@ -269,7 +269,7 @@ def timed(kind, m, v, size="timing", n=None, steps=5, layers=None):
     return runs
 
 
-def analyse(runs_per_rank, kind, m, v, comm=0.0):
+def analyse(runs_per_rank, kind, m, v, comm=0.0, cores=None):
     """Measured and simulated numbers of the least disturbed step (smallest makespan).
 
     ``runs_per_rank[r][i]``: events of step ``i`` on rank ``r``. The machine is shared with
@@ -283,7 +283,13 @@ def analyse(runs_per_rank, kind, m, v, comm=0.0):
     same from each action's CPU time (median over every measured step), which does not grow
     while another process holds the core. ``closed_idle``: the closed form
     of balanced stages, ``accounting.pipeline.schedule_idle_fraction`` (for zb-h1 with the
-    rank-averaged costs).
+    rank-averaged costs). When the ranks outnumber the machine's ``cores`` (default: the
+    cores this process may run on), ``shared_idle`` is the idle fraction of
+    ``accounting.pipeline_cores.simulate_shared`` fed the CPU costs: the same schedule with
+    the ranks sharing the cores, which is what such a run measures; ``shared_makespan``
+    its step time; ``core_idle`` the share of the cores' time (cores x makespan) in which no
+    rank computed (1 - CPU time of all actions over it) and ``shared_core_idle`` the same
+    in the shared simulation.
     """
     p = len(runs_per_rank)
     spans = [
@@ -311,6 +317,18 @@ def analyse(runs_per_rank, kind, m, v, comm=0.0):
     ]
     mean = {k: statistics.fmean(c[k] for c in costs) for k in costs[0]}
     sim = acc.simulate(acc.schedule(kind, p, m, v), p, comm=comm, stage_costs=costs)
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    shared = core_idle = shared_core_idle = None
+    if cpu and cores and p > cores:  # work per whole rank: a chunk action's CPU time times v
+        sched = acc.schedule(kind, p, m, v)
+        work = [{k: x * v for k, x in c.items()} for c in cpu]
+        shared = simulate_shared(sched, p, cores, comm=comm, stage_costs=work)
+        # share of the machine's core time no rank computed: CPU time over cores x makespan
+        used = sum(ev[3] for rk in runs_per_rank for ev in rk[i])
+        core_idle = 1 - used / (cores * makespan)
+        sim_used = sum(cpu[r][a.kind] for r in range(p) for a in sched[r])
+        shared_core_idle = 1 - sim_used / (cores * shared.makespan)
     return {
         "kind": kind,
         "v": v,
@@ -328,6 +346,11 @@ def analyse(runs_per_rank, kind, m, v, comm=0.0):
         "spread": _spread(costs),
         "cpu_costs": cpu,
         "cpu_spread": _spread(cpu) if cpu else None,
+        "cores": cores,
+        "shared_idle": shared.bubble_fraction if shared else None,
+        "shared_makespan": shared.makespan if shared else None,
+        "core_idle": core_idle,
+        "shared_core_idle": shared_core_idle,
     }
 
 

@@ -94,6 +94,7 @@ def bubble(ranks: list[int], repeats: int, m: int = 8, mb_size: int = 8, steps: 
             f"{'schedule':12}{'CPU ms F per rank':>24}{'F spread':>9}{'B spread':>9}"
             f"{'idle meas.':>11}{'(range)':>14}{'sim.':>7}{'closed':>8}{'|diff|':>8}  within 3 pp"
         )
+        shared = [reps[0][key]["shared_idle"] is not None for key in W.SCHEDULES]
         for key in W.SCHEDULES:
             runs = [rep[key] for rep in reps]
             idle = statistics.median(a["idle"] for a in runs)
@@ -110,6 +111,31 @@ def bubble(ranks: list[int], repeats: int, m: int = 8, mb_size: int = 8, steps: 
                 f"{f'({lo:.1%}-{hi:.1%})':>14}{sim:7.1%}{closed:8.1%}"
                 f"{abs(idle - closed) * 100:7.1f}  {'yes' if abs(idle - closed) <= 0.03 else 'NO'}"
             )
+        if any(shared):  # more ranks than cores: the closed form assumes a core per rank
+            cores = reps[0][W.SCHEDULES[0]]["cores"]
+            print(
+                f"{p} ranks share {cores} cores, so the closed form (a core per rank) does not "
+                f"apply. The same schedules simulated with the ranks sharing the cores "
+                f"(accounting.pipeline_cores.simulate_shared, fed each rank's CPU cost per "
+                f"action), medians: step time, and the share of the cores' time no rank "
+                f"computed (1 - CPU time / (cores x step time))"
+            )
+            print(
+                f"{'schedule':12}{'step ms':>9}{'shared sim.':>12}{'ratio':>7}"
+                f"{'idle cores':>11}{'shared sim.':>12}{'rank idle meas.':>16}{'shared sim.':>12}"
+            )
+            for key in W.SCHEDULES:
+                runs = [rep[key] for rep in reps]
+
+                def med(name, runs=runs):
+                    return statistics.median(a[name] for a in runs)
+
+                ratio = statistics.median(a["makespan"] / a["shared_makespan"] for a in runs)
+                print(
+                    f"{key[0]:12}{med('makespan') * 1e3:9.1f}{med('shared_makespan') * 1e3:12.1f}"
+                    f"{ratio:7.2f}{med('core_idle'):11.1%}{med('shared_core_idle'):12.1%}"
+                    f"{med('idle'):16.1%}{med('shared_idle'):12.1%}"
+                )
     return out
 
 

@@ -139,7 +139,10 @@ class PipelineExecutor:
     stage only) and returns the summed loss on the rank that owns the last virtual stage
     (``None`` elsewhere). Gradients accumulate into ``.grad``; zero them between steps.
     ``events``: ``(start, end, action)`` per action of the last step (``time.perf_counter``,
-    one clock for all processes of a machine; ``start`` is after the input arrived); ``cpu``:
+    one clock for all processes of a machine): ``end - start`` is the time the rank worked on
+    the action (posting receives and sends included), ``start`` the moment its input had
+    arrived, or the moment it was done with the previous action if the input was already
+    there; the time between two actions is the time it waited; ``cpu``:
     the CPU time this thread spent in each of them (``time.thread_time``: unlike the wall
     clock, it does not grow while another process holds the core).
     """
@@ -191,7 +194,12 @@ class PipelineExecutor:
     def _recv(self, backward: bool, mb: int, k: int) -> torch.Tensor:
         self._post_recv(backward, mb, k)
         work, buf = self._posted.pop((backward, mb, k))
+        t = time.perf_counter()
         work.wait()  # the data is here (usually already: it was posted one action early)
+        self._waited += time.perf_counter() - t  # the rank idled: nothing else to do
+        if self._lookahead is not None:  # the next receive, posted once this input is in
+            self._post_recv(*self._lookahead)
+            self._lookahead = None
         return buf
 
     def _needs(self, a: acc.Action):
@@ -212,8 +220,8 @@ class PipelineExecutor:
         self._pending.append((work, t))  # t must stay alive until the send completes
         # END SOLUTION
 
-    # -- the four actions; each returns the time it started computing (its input had arrived)
-    def _forward(self, a: acc.Action) -> float:
+    # -- the four actions (the step loop times them: see the class docstring)
+    def _forward(self, a: acc.Action) -> None:
         k, mb = self._vstage(a), a.microbatch
         stage = self.chunks[a.chunk]
         if k == 0:
@@ -221,7 +229,6 @@ class PipelineExecutor:
         else:
             x = self._recv(False, mb, k).requires_grad_()
             inp = x
-        t0 = time.perf_counter()  # the input is here: the action starts
         # BEGIN SOLUTION hint: run the stage with self._capture = [] if self._split (the hook fills it); on the last virtual stage the output is microbatch_loss(...), add it to self._loss; else isend out.detach() forward; keep _InFlight(x, out, captured) in self._state[(mb, chunk)]
         self._capture = [] if self._split else None  # BW needs the layers' outputs
         out = stage(inp)  # (b, s, h), or (b, s, V) on the last virtual stage
@@ -233,7 +240,6 @@ class PipelineExecutor:
             self._send(out.detach(), False, mb, k)  # boundary activation to the next stage
         self._state[(mb, a.chunk)] = _InFlight(x, out, captured)
         # END SOLUTION
-        return t0
 
     def _out_grad(self, a: acc.Action):
         k = self._vstage(a)
@@ -241,22 +247,19 @@ class PipelineExecutor:
             return None  # the scaled loss: autograd starts from 1
         return self._recv(True, a.microbatch, k)
 
-    def _backward(self, a: acc.Action) -> float:
+    def _backward(self, a: acc.Action) -> None:
         k, key = self._vstage(a), (a.microbatch, a.chunk)
         g = self._out_grad(a)
-        t0 = time.perf_counter()
         # BEGIN SOLUTION hint: torch.autograd.backward(st.out, g) accumulates weight grads and fills st.x.grad; send st.x.grad upstream unless k == 0; drop the state
         st = self._state.pop(key)
         torch.autograd.backward(st.out, g)
         if k > 0:
             self._send(st.x.grad, True, a.microbatch, k)  # input gradient to the previous stage
         # END SOLUTION
-        return t0
 
-    def _backward_input(self, a: acc.Action) -> float:
+    def _backward_input(self, a: acc.Action) -> None:
         k, key = self._vstage(a), (a.microbatch, a.chunk)
         g = self._out_grad(a)
-        t0 = time.perf_counter()
         # BEGIN SOLUTION hint: torch.autograd.grad(st.out, [st.x] (if k > 0) + the captured outputs, g, retain_graph=True): send the input gradient upstream now, store the outputs' gradients in st.out_grads for BW
         st = self._state[key]
         wanted = ([st.x] if k > 0 else []) + [y for _, y in st.captured]
@@ -267,10 +270,8 @@ class PipelineExecutor:
             grads = grads[1:]
         st.out_grads = list(grads)
         # END SOLUTION
-        return t0
 
-    def _backward_weight(self, a: acc.Action) -> float:
-        t0 = time.perf_counter()
+    def _backward_weight(self, a: acc.Action) -> None:
         # BEGIN SOLUTION hint: pop the state; for each captured (layer, output) and its stored gradient, torch.autograd.grad(output, the layer's own parameters, grad) and add the result into p.grad (set it when None)
         st = self._state.pop((a.microbatch, a.chunk))
         for (mod, y), gy in zip(st.captured, st.out_grads):
@@ -279,7 +280,6 @@ class PipelineExecutor:
             for p, gp in zip(params, torch.autograd.grad(y, params, gy, retain_graph=True)):
                 p.grad = gp if p.grad is None else p.grad.add_(gp)  # accumulate microbatches
         # END SOLUTION
-        return t0
 
     def step(self, inputs: list[torch.Tensor], targets: list[torch.Tensor]):
         """Run this rank's action list once over the ``m`` microbatches."""
@@ -303,21 +303,26 @@ class PipelineExecutor:
         needs = [self._needs(a) for a in self.actions]
         for i, a in enumerate(self.actions):
             # post the receive of the next action that needs one before computing this one,
-            # so the transfer overlaps the compute (its buffer is one (b, s, h) tensor)
+            # so the transfer overlaps the compute (its buffer is one (b, s, h) tensor); an
+            # action that receives posts it in _recv, once its own input is in
             nxt = next((n for n in needs[i + 1 :] if n is not None), None)
-            c0 = time.thread_time()
+            t, c0 = time.perf_counter(), time.thread_time()
+            self._waited, self._lookahead = 0.0, None
             try:
-                if nxt is not None:
+                if needs[i] is None and nxt is not None:
                     self._post_recv(*nxt)
+                else:
+                    self._lookahead = nxt
                 if self.stop_after == str(a):
                     raise RuntimeError("injected fault")
-                t0 = run[a.kind](a)
+                run[a.kind](a)
             except Exception as e:  # name the action: which step of the schedule broke
                 raise RuntimeError(
                     f"rank {self.rank} failed in action {a} ({self.cfg.kind}, p={self.cfg.p}, "
                     f"m={self.cfg.m}, v={self.cfg.v}): {type(e).__name__}: {e}"
                 ) from e
-            self.events.append((t0, time.perf_counter(), a))
+            # the action's time is this iteration less the wait for its input
+            self.events.append((t + self._waited, time.perf_counter(), a))
             self.cpu.append(time.thread_time() - c0)
         for work, _ in self._pending:  # every boundary tensor has left before the step ends
             work.wait()

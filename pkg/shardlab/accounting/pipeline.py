@@ -290,36 +290,13 @@ def simulate(
     defaults), e.g. the per-action times measured on each rank of a real run.
     """
     p = chk.positive_int("p", p)
-    c = _costs(costs)
-    if stage_costs is None:
-        per_rank = [c] * p
-    elif not isinstance(stage_costs, (list, tuple)) or len(stage_costs) != p:
-        raise ValueError(f"stage_costs={stage_costs!r} needs one cost dict per stage, p={p}")
-    else:
-        per_rank = [
-            {**c, **_costs_only(sc, f"stage_costs[{r}]")} for r, sc in enumerate(stage_costs)
-        ]
+    per_rank = _per_rank_costs(costs, stage_costs, p)
     delay = chk.nonneg_number("comm", comm)
     nchunks = _check_schedule(sched, p)
-    last = p * nchunks - 1
     done: dict[tuple[str, int, int], tuple[float, int]] = {}  # (kind, mb, vstage) -> (t, rank)
 
     def ready_time(r: int, a: Action) -> float | None:
-        k = a.chunk * p + r
-        deps: list[tuple[str, ...]] = []
-        if a.kind == "F":
-            deps = [("F", a.microbatch, k - 1)] if k else []
-        elif a.kind in ("B", "BI"):
-            deps = [("F", a.microbatch, k)] + ([("G", a.microbatch, k + 1)] if k < last else [])
-        else:
-            deps = [("G", a.microbatch, k)]
-        t = 0.0
-        for d in deps:
-            if d not in done:
-                return None
-            end, rank = done[d]
-            t = max(t, end + (delay if rank != r else 0.0))
-        return t
+        return _ready_time(done, p, nchunks, delay, r, a)
 
     pos = [0] * p
     free = [0.0] * p
@@ -337,17 +314,55 @@ def simulate(
                 end = start + per_rank[r][a.kind] / nchunks
                 free[r] = end
                 timeline[r].append((start, end, a))
-                k = a.chunk * p + r
-                done[(a.kind, a.microbatch, k)] = (end, r)
-                if a.kind in ("B", "BI"):
-                    done[("G", a.microbatch, k)] = (end, r)
+                _finish(done, p, r, a, end)
                 pos[r] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             stuck = {r: str(sched[r][pos[r]]) for r in range(p) if pos[r] < len(sched[r])}
             raise ValueError(f"schedule deadlocks; waiting actions per stage: {stuck}")
-    makespan = max(free)
+    return _result(sched, timeline)
+
+
+def _per_rank_costs(costs, stage_costs, p: int) -> list[dict[str, float]]:
+    c = _costs(costs)
+    if stage_costs is None:
+        return [c] * p
+    if not isinstance(stage_costs, (list, tuple)) or len(stage_costs) != p:
+        raise ValueError(f"stage_costs={stage_costs!r} needs one cost dict per stage, p={p}")
+    return [{**c, **_costs_only(sc, f"stage_costs[{r}]")} for r, sc in enumerate(stage_costs)]
+
+
+def _ready_time(done, p: int, nchunks: int, delay: float, r: int, a: Action) -> float | None:
+    """When ``a`` on rank ``r`` may start given the finished actions ``done`` (None: not yet)."""
+    k, last = a.chunk * p + r, p * nchunks - 1
+    deps: list[tuple[str, ...]] = []
+    if a.kind == "F":
+        deps = [("F", a.microbatch, k - 1)] if k else []
+    elif a.kind in ("B", "BI"):
+        deps = [("F", a.microbatch, k)] + ([("G", a.microbatch, k + 1)] if k < last else [])
+    else:
+        deps = [("G", a.microbatch, k)]
+    t = 0.0
+    for d in deps:
+        if d not in done:
+            return None
+        end, rank = done[d]
+        t = max(t, end + (delay if rank != r else 0.0))
+    return t
+
+
+def _finish(done, p: int, r: int, a: Action, end: float) -> None:
+    k = a.chunk * p + r
+    done[(a.kind, a.microbatch, k)] = (end, r)
+    if a.kind in ("B", "BI"):  # the input gradient the stage below waits for
+        done[("G", a.microbatch, k)] = (end, r)
+
+
+def _result(sched, timeline) -> SimResult:
+    """Makespan, idle and busy time per rank, and peak in-flight counts of a timeline."""
+    p = len(sched)
+    makespan = max((tl[-1][1] for tl in timeline if tl), default=0.0)
     busy = tuple(sum(e - s for s, e, _ in tl) for tl in timeline)
     idle = tuple(makespan - b for b in busy)
     peaks = []
