@@ -228,8 +228,10 @@ def _steady_malloc() -> None:
 def _pin_to_core() -> bool:
     """Bind every thread of this rank (the computing one and gloo's I/O threads) to core
     ``rank``, as a GPU rank owns its device; only when every rank can have a core of its own
-    (Linux). Unpinned, the scheduler moves threads between the cores, and one rank's I/O
-    thread preempts the other rank's computation for a time slice (~6 ms on two cores)."""
+    (Linux). Unbound, the scheduler may run one rank's thread on the other rank's core (a
+    posted receive was seen to take 6-7 ms now and then, a time slice, instead of 0.1 ms);
+    in two A/B runs of ``benchmark_pipeline.py --bubble`` bound ranks came within 1.7 points
+    of the closed form, unbound ones within 3.3. ``SHARDLAB_PIN=0`` turns it off."""
     if not hasattr(os, "sched_setaffinity") or os.environ.get("SHARDLAB_PIN") == "0":
         return False
     cores = sorted(os.sched_getaffinity(0))

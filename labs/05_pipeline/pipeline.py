@@ -140,9 +140,10 @@ class PipelineExecutor:
     (``None`` elsewhere). Gradients accumulate into ``.grad``; zero them between steps.
     ``events``: ``(start, end, action)`` per action of the last step (``time.perf_counter``,
     one clock for all processes of a machine): ``end - start`` is the time the rank worked on
-    the action (posting receives and sends included), ``start`` the moment its input had
-    arrived, or the moment it was done with the previous action if the input was already
-    there; the time between two actions is the time it waited; ``cpu``:
+    the action (posting receives and sends included): ``start`` is when it began the
+    action's work plus the time it then waited for its input, so the time between two
+    actions is the time it waited (and a box starts up to the ~0.1 ms the rank spent posting
+    its next receive before its input arrived); ``cpu``:
     the CPU time this thread spent in each of them (``time.thread_time``: unlike the wall
     clock, it does not grow while another process holds the core).
     """
@@ -197,9 +198,6 @@ class PipelineExecutor:
         t = time.perf_counter()
         work.wait()  # the data is here (usually already: it was posted one action early)
         self._waited += time.perf_counter() - t  # the rank idled: nothing else to do
-        if self._lookahead is not None:  # the next receive, posted once this input is in
-            self._post_recv(*self._lookahead)
-            self._lookahead = None
         return buf
 
     def _needs(self, a: acc.Action):
@@ -303,16 +301,13 @@ class PipelineExecutor:
         needs = [self._needs(a) for a in self.actions]
         for i, a in enumerate(self.actions):
             # post the receive of the next action that needs one before computing this one,
-            # so the transfer overlaps the compute (its buffer is one (b, s, h) tensor); an
-            # action that receives posts it in _recv, once its own input is in
+            # so the transfer overlaps the compute (its buffer is one (b, s, h) tensor)
             nxt = next((n for n in needs[i + 1 :] if n is not None), None)
             t, c0 = time.perf_counter(), time.thread_time()
-            self._waited, self._lookahead = 0.0, None
+            self._waited = 0.0
             try:
-                if needs[i] is None and nxt is not None:
+                if nxt is not None:
                     self._post_recv(*nxt)
-                else:
-                    self._lookahead = nxt
                 if self.stop_after == str(a):
                     raise RuntimeError("injected fault")
                 run[a.kind](a)
@@ -321,7 +316,8 @@ class PipelineExecutor:
                     f"rank {self.rank} failed in action {a} ({self.cfg.kind}, p={self.cfg.p}, "
                     f"m={self.cfg.m}, v={self.cfg.v}): {type(e).__name__}: {e}"
                 ) from e
-            # the action's time is this iteration less the wait for its input
+            # the action's time is this iteration less the wait for its input (the posts
+            # above come first: its box starts that much before the input arrived)
             self.events.append((t + self._waited, time.perf_counter(), a))
             self.cpu.append(time.thread_time() - c0)
         for work, _ in self._pending:  # every boundary tensor has left before the step ends

@@ -8,6 +8,7 @@ Pure Python; importing it never imports torch. Modules:
 ``activations``  saved-activation bytes per transformer layer (Korthikanti et al.)
 ``comm``         ring/tree collective volumes, alpha-beta time, per-step volumes
 ``pipeline``     bubble formulas, schedule generator and event-driven simulator
+``pipeline_cores`` the simulator with ranks sharing fewer cores (4 CPU ranks on 2 cores)
 ``mesh``         device meshes (G = D t p c), rank <-> coordinates, groups, MoE folding
 ``context``      context parallelism: K/V bytes sent per layer (ring, all-gather), attention memory
 ``expert``       MoE expert capacity and dispatch/return all-to-all bytes
@@ -27,6 +28,7 @@ from . import (
     mesh,
     peak,
     pipeline,
+    pipeline_cores,
     planner,
     stage_peak,
     wire,
@@ -165,6 +167,7 @@ __all__ = [
     "p2p_time",
     "peak",
     "pipeline",
+    "pipeline_cores",
     "pipeline_p2p_volume",
     "predict_layout_peak",
     "predict_peak",
