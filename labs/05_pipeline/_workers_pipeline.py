@@ -418,6 +418,7 @@ def benchmark(kind, m=8, size="bench", steps=5, n=None):
 
     torch.set_num_threads(THREADS)
     _pin_to_core()  # both sides run in these threads: the same binding for both
+    _steady_malloc()  # and the same heap: no page faults to regrow it on either side
     cfg, p = config(size), dist.get_world_size()
     v = 2 if kind == "interleaved" else 1
     n = n or 8 * m

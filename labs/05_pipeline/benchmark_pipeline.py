@@ -9,7 +9,8 @@ the same processes, alternating step by step: ours executes ``accounting.pipelin
 schedule(kind, p, m, v)``, PyTorch runs ``PipelineStage`` with ``ScheduleGPipe`` /
 ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` (v = 2) / ``ScheduleInterleavedZeroBubble``
 with one stage per rank (v = 1: its action order is exactly ours, ZB-H1, checked in the
-run). Printed per run: the loss and gradient difference, the median step time (forward +
+run). Both sides share the processes, so the same core binding and the same glibc heap
+settings (``_workers_pipeline._steady_malloc``) apply to both. Printed per run: the loss and gradient difference, the median step time (forward +
 backward of m microbatches, no optimizer), the peak of live tensor bytes of one step
 (``MemoryTrace``, rank 0) and the ratios ours / PyTorch (below 1.0: ours is faster or
 smaller); then, over the ``--repeats`` launches, the median time ratio and its range.
@@ -23,7 +24,12 @@ remaining gap is the stages' few-% imbalance and the spread of action times), an
 schedule the per-rank CPU cost of F and B (and its spread), the measured idle fraction of the
 least disturbed of ``--steps`` (10) steps (median over the repeats, and the range), the
 simulator fed the measured costs, the closed form ``accounting.pipeline.schedule_idle_fraction``
-and whether measured is within 3 percentage points of it (the target).
+and whether measured is within 3 percentage points of it (the target). With more ranks than
+cores (``--ranks 4`` on two cores) the closed form, which gives every rank a core, does not
+apply; the benchmark then also prints the same schedules simulated with the ranks sharing
+the cores (``accounting.pipeline_cores.simulate_shared`` fed each rank's CPU cost per
+action): its step time beside the measured one, and the share of the cores' time no rank
+computed.
 
 Each rank uses one intra-op thread, and where every rank can have a core of its own, each
 rank's threads are bound to its core (``_workers_pipeline._pin_to_core``; ``SHARDLAB_PIN=0``
