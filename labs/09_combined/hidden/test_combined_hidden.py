@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import pytest
 from shardlab.runtime import launch
+from shardlab.runtime.once_per_run import once_per_run
 
 # the same arithmetic as the public FSDP x TP test, so the same bound (see test_combined.py)
 PARAM_TOL = 1e-6
 
 
 @pytest.fixture(scope="module")
-def extra():
-    return launch("_workers_combined:extra_checks", 4, quiet=True, timeout=280)[0]
+def extra(tmp_path_factory):
+    """One 4-rank launch per test run, shared by the pytest-xdist workers (each used to
+    launch its own)."""
+    return once_per_run(
+        tmp_path_factory,
+        "lab09-hidden-extra",
+        lambda: launch("_workers_combined:extra_checks", 4, quiet=True, timeout=280)[0],
+    )
 
 
 def test_groups_are_the_mesh_lines(extra):

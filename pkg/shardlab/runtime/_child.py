@@ -104,6 +104,14 @@ def main(run_dir: str, rank: int) -> int:
         import torch.distributed as dist
 
         if dist.is_initialized():
+            # Leave only when every rank has returned: a rank that exits closes its sockets,
+            # and gloo then closes the peers' ends too, taking away the byte counters of a
+            # peer still measuring its wire bytes (shardlab.runtime.wire). Its result is
+            # written already; a peer that failed ends the run through the supervisor.
+            try:
+                dist.barrier()
+            except Exception:
+                pass
             dist.destroy_process_group()
     except Exception:
         pass

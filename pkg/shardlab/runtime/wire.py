@@ -33,7 +33,10 @@ Where it is blind
       prefetched all-gathers, functional collectives) overlap each other and the computation,
       so a single one cannot be isolated; the trace attributes wire bytes to the phase that is
       open when they are written (per step or per phase, not per op).
-    * A socket closed between two snapshots takes its bytes with it.
+    * A socket closed between two snapshots takes its bytes with it. gloo closes a rank's
+      end of a connection when the peer hangs up, so a rank must not exit while a peer is
+      still measuring: the launcher's ranks wait for each other (a barrier) before they
+      leave (``shardlab.runtime._child``).
     * A backend may still be writing after its work reports completion; the trace closes a
       blocking collective's window only once the counters have been still for 2 ms (at most
       50 ms), so late bytes would land in the next window only after a longer stall.
@@ -123,17 +126,36 @@ def _tcp_info_via_socket(fd: int) -> bytes | None:
         s.close()  # closes our duplicate only; the backend's descriptor stays open
 
 
-def _written(fd: int) -> int | None:
-    """Bytes written to TCP socket ``fd`` so far (None if it is not a TCP socket)."""
+def _acked(fd: int) -> int | None:
     info = _TCP_INFO(fd) if _TCP_INFO is not None else _tcp_info_via_socket(fd)
     if info is None or len(info) < _BYTES_ACKED_OFFSET + 8:
         return None
-    (acked,) = struct.unpack_from("Q", info, _BYTES_ACKED_OFFSET)
-    try:
-        (queued,) = struct.unpack("i", fcntl.ioctl(fd, _SIOCOUTQ, b"\0" * 4))
-    except OSError:  # listening socket
-        queued = 0
-    return int(acked) + int(queued)
+    return int(struct.unpack_from("Q", info, _BYTES_ACKED_OFFSET)[0])
+
+
+def _written(fd: int) -> int | None:
+    """Bytes written to TCP socket ``fd`` so far (None if it is not a TCP socket).
+
+    Acknowledged plus still queued, read by two system calls. An ACK arriving between them
+    moves bytes from the queue to the acknowledged count, which the two reads would miss
+    (or count twice, in the other order). So the acknowledged count is read before and
+    after the queue, and the pair is kept only when no ACK came in between (acknowledged
+    bytes only grow)."""
+    acked = _acked(fd)
+    if acked is None:
+        return None
+    for _ in range(100):
+        try:
+            (queued,) = struct.unpack("i", fcntl.ioctl(fd, _SIOCOUTQ, b"\0" * 4))
+        except OSError:  # listening socket
+            return acked
+        again = _acked(fd)
+        if again is None:  # closed meanwhile
+            return None
+        if again == acked:
+            return acked + int(queued)
+        acked = again
+    return acked + int(queued)  # ACKs kept arriving: at most one ACK's bytes off
 
 
 def snapshot() -> dict[int, int] | None:
