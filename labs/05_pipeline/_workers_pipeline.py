@@ -23,6 +23,7 @@ from pipeline import PipeConfig, PipelineExecutor, split_stages
 from shardlab.accounting import pipeline as acc
 from shardlab.accounting.pipeline_cores import simulate_shared
 from shardlab.models import GPT, GPTConfig, lm_loss, step_batch
+from shardlab.runtime.launch import _cores
 
 # n_layer 8: 8 virtual stages for p=4, v=2. "timing": one block costs ~10 ms per microbatch
 # forward on one core, 1000x the loopback latency of its 64 KiB boundary tensor.
@@ -225,7 +226,7 @@ def _steady_malloc() -> None:
     libc.mallopt(m_trim_threshold, 1 << 30)  # never shrink the heap between steps
 
 
-def _pin_to_core() -> bool:
+def _pin_to_core() -> None:
     """Bind every thread of this rank (the computing one and gloo's I/O threads) to core
     ``rank``, as a GPU rank owns its device; only when every rank can have a core of its own
     (Linux). Unbound, the scheduler may run one rank's thread on the other rank's core (a
@@ -233,25 +234,31 @@ def _pin_to_core() -> bool:
     in two A/B runs of ``benchmark_pipeline.py --bubble`` bound ranks came within 1.7 points
     of the closed form, unbound ones within 3.3. ``SHARDLAB_PIN=0`` turns it off."""
     if not hasattr(os, "sched_setaffinity") or os.environ.get("SHARDLAB_PIN") == "0":
-        return False
+        return
     cores = sorted(os.sched_getaffinity(0))
     if dist.get_world_size() > len(cores):
-        return False
+        return
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), {cores[dist.get_rank()]})
         except OSError:  # the thread ended meanwhile
             pass
-    return True
+
+
+def _timing_rank() -> None:
+    """How every timed rank runs (the bubble runs and both sides of the benchmark): one
+    intra-op thread (a busy rank never waits for a thread of its own), glibc's heap kept
+    between steps, and its threads bound to a core of its own where there are enough."""
+    torch.set_num_threads(THREADS)
+    _steady_malloc()
+    _pin_to_core()
 
 
 def timed(kind, m, v, size="timing", n=None, steps=5, layers=None):
     """Run ``steps`` + 1 steps (the first warms up); return this rank's events of every
     measured step relative to the step's common start (a barrier), each event with the
     action's CPU time appended: ``(start, end, action, cpu)``."""
-    torch.set_num_threads(THREADS)  # one core per rank: a busy rank never waits for a thread
-    _steady_malloc()
-    _pin_to_core()
+    _timing_rank()
     cfg, p = config(size), dist.get_world_size()
     n = n or 8 * m
     mine, named, ex = build(cfg, kind, p, m, v, layers=layers)
@@ -320,7 +327,7 @@ def analyse(runs_per_rank, kind, m, v, comm=0.0, cores=None):
     mean = {k: statistics.fmean(c[k] for c in costs) for k in costs[0]}
     sim = acc.simulate(acc.schedule(kind, p, m, v), p, comm=comm, stage_costs=costs)
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        cores = _cores()
     shared = core_idle = shared_core_idle = None
     if cpu and cores and p > cores:  # work per whole rank: a chunk action's CPU time times v
         sched = acc.schedule(kind, p, m, v)
@@ -416,9 +423,7 @@ def benchmark(kind, m=8, size="bench", steps=5, n=None):
     order is exactly ``schedule("zb-h1", p, m)`` (checked: ``same_order``)."""
     from shardlab.runtime import MemoryTrace
 
-    torch.set_num_threads(THREADS)
-    _pin_to_core()  # both sides run in these threads: the same binding for both
-    _steady_malloc()  # and the same heap: no page faults to regrow it on either side
+    _timing_rank()  # both sides run in these threads: the same binding and heap for both
     cfg, p = config(size), dist.get_world_size()
     v = 2 if kind == "interleaved" else 1
     n = n or 8 * m

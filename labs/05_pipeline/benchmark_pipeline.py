@@ -9,9 +9,10 @@ the same processes, alternating step by step: ours executes ``accounting.pipelin
 schedule(kind, p, m, v)``, PyTorch runs ``PipelineStage`` with ``ScheduleGPipe`` /
 ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` (v = 2) / ``ScheduleInterleavedZeroBubble``
 with one stage per rank (v = 1: its action order is exactly ours, ZB-H1, checked in the
-run). Both sides share the processes, so the same core binding and the same glibc heap
-settings (``_workers_pipeline._steady_malloc``) apply to both. Printed per run: the loss and gradient difference, the median step time (forward +
-backward of m microbatches, no optimizer), the peak of live tensor bytes of one step
+run). Both sides share the processes, so the same thread count, core binding and glibc
+heap settings (``_workers_pipeline._timing_rank``) apply to both. Printed per run: the loss
+and gradient difference, the median step time (forward + backward of m microbatches, no
+optimizer), the peak of live tensor bytes of one step
 (``MemoryTrace``, rank 0) and the ratios ours / PyTorch (below 1.0: ours is faster or
 smaller); then, over the ``--repeats`` launches, the median time ratio and its range.
 
