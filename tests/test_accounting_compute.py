@@ -51,7 +51,7 @@ def test_llama3_405b_shape():
     assert m.matmul_params == 126 * (layer - 2 * h) + 128256 * h
     # the planner's saved activations see the gated MLP and the 8 K/V heads (issue 15)
     assert m.activation_layer == {"ffn": 53248, "gated": True, "kv_heads": 8, "dropout": False,
-                                  "norm": "rmsnorm"}  # fmt: skip
+                                  "norm": "rmsnorm"}
 
 
 def test_moe_counts_top_k_experts_per_token():

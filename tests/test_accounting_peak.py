@@ -94,7 +94,7 @@ def test_workspace_terms_absent_unless_given():
     assert predict_peak(1000, [], 200, 30).terms == {
         "persistent": 1000, "gathered_params": 0, "unsharded_grads": 0, "activations": 200,
         "buffers": 30,
-    }  # fmt: skip
+    }
 
 
 def test_backward_workspace_joins_all_activations():
@@ -124,7 +124,7 @@ def test_optimizer_workspace_moment():
     both = predict_layout_peak(
         100, 2, "ddp", "fp32", activation_bytes=10, backward_workspace_bytes=5,
         optimizer_workspace_bytes=400,
-    )  # fmt: skip
+    )
     assert both.total == 1600 + 400 and set(both.terms) == set(TERMS) | set(WORKSPACE_TERMS)
 
 
@@ -149,7 +149,7 @@ def test_grad_shards_appear_after_their_unit():
     assert got == [
         ("forward", 0, 0), ("forward", 1, 0), ("forward", 2, 0),
         ("backward", 2, 0), ("backward", 1, 4), ("backward", 0, 6), ("optimizer", None, 7),
-    ]  # fmt: skip
+    ]
     opt = r.timeline[-1]
     assert opt.total == 100 + 7 and opt.terms["gathered_params"] == 0
     both = predict_peak(0, [10, 10], 0, grad_shard_bytes=6, optimizer_workspace_bytes=5)
@@ -168,7 +168,7 @@ def test_backward_workspace_before_units(reshard):
         0, units, acts, prefetch=1, reshard_after_forward=reshard, grad_unit_bytes=[7, 7, 7],
         backward_workspace_bytes=100, backward_workspace_at="before_units",
         head_activation_bytes=40,
-    )  # fmt: skip
+    )
     start = r.timeline[3]  # right after the last forward moment
     assert (start.phase, start.unit) == ("backward", None)
     assert start.terms["backward_workspace"] == 100 and start.terms["unsharded_grads"] == 0

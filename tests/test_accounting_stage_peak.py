@@ -18,7 +18,7 @@ def test_temporaries_are_the_output_projection_backward():
 
 # one stage's numbers, chosen so each term is recognisable
 KW = dict(chunk_bytes=1000, persistent_bytes=100_000, grad_bytes=500, message_bytes=10,
-          temporaries_bytes=300)  # fmt: skip
+          temporaries_bytes=300)
 
 
 def test_first_stage_1f1b_peaks_at_its_first_backward():
@@ -45,7 +45,7 @@ def test_last_stage_frees_its_head_before_the_blocks_backward():
     assert (pk.phase_of_peak, pk.unit_of_peak) == ("backward", 3)
     assert pk.total == 100_000 + 500 + (1000 - 400) + 10 + 800
     start = [pt for pt in pk.timeline if pt.unit == 1 and "backward_workspace" in pt.terms
-             and pt.terms["backward_workspace"]][0]  # fmt: skip
+             and pt.terms["backward_workspace"]][0]
     # B0's start: the whole microbatch, the logits workspace, the receive posted for F1
     assert start.total == 100_000 + 1000 + 200 + 10
     block0 = [pt for pt in pk.timeline if pt.unit == 1 and pt.terms["backward_temporaries"]][0]
@@ -55,7 +55,7 @@ def test_last_stage_frees_its_head_before_the_blocks_backward():
 def test_gpipe_and_end_of_step_moments():
     acts = pipeline.schedule("gpipe", 2, 4)[1]
     pk = stage_peak(acts, first=False, last=True, bucket_bytes=500,
-                    optimizer_workspace_bytes=900, **KW)  # fmt: skip
+                    optimizer_workspace_bytes=900, **KW)
     assert pk.terms["activations"] == 4 * 1000  # GPipe holds every microbatch
     assert pk.total == 100_000 + 4000 + 300  # first B's block: nothing sent, nothing ahead
     ends = {pt.phase: pt.total for pt in pk.timeline if pt.unit is None}
@@ -71,6 +71,6 @@ def test_bad_input():
         stage_peak(acts, first=True, last=False, **KW)
     with pytest.raises(ValueError, match="head_bytes=2000"):
         stage_peak(pipeline.schedule("1f1b", 2, 2)[1], first=False, last=True,
-                   head_bytes=2000, **KW)  # fmt: skip
+                   head_bytes=2000, **KW)
     with pytest.raises(ValueError, match="message_bytes=-1"):
         stage_peak([], first=True, last=True, **{**KW, "message_bytes": -1})

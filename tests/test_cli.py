@@ -50,7 +50,7 @@ def test_memory_table_and_json():
 
 def test_activations_table_and_json():
     args = ("activations", "--s", "2048", "--b", "1", "--h", "4096", "--a", "32", "--t", "8",
-            "--layers", "32")  # fmt: skip
+            "--layers", "32")
     proc = run(*args)
     assert proc.returncode == 0, proc.stderr
     for mib in ("912", "184", "114", "34"):
@@ -65,7 +65,7 @@ def test_activations_table_and_json():
 
 def test_comm_op_table_and_json():
     args = ("comm", "--op", "all_reduce", "--bytes", "1e9", "--ranks", "8", "--alpha-us", "5",
-            "--beta-gbps", "100")  # fmt: skip
+            "--beta-gbps", "100")
     proc = run(*args)
     assert proc.returncode == 0, proc.stderr
     assert "all_reduce" in proc.stdout and "1,750,000,000" in proc.stdout
@@ -96,8 +96,8 @@ def test_bubble_table_and_json():
     assert proc.returncode == 0, proc.stderr
     for pct in ("37.5 %", "27.3 %", "72.7 %"):
         assert pct in proc.stdout
-    data = run_json("bubble", "--stages", "4", "--microbatches", "8", "--schedule", "1f1b",
-                    "--chunks", "2")  # fmt: skip
+    data = run_json("bubble", "--stages", "4", "--microbatches", "8", "--schedule",
+                    "interleaved", "--chunks", "2")
     assert data["schedule"] == "interleaved"
     assert data["closed_form"]["bubble_ratio"] == pipeline.bubble_ratio(4, 8, 2)
     sim = pipeline.simulate(pipeline.schedule("interleaved", 4, 8, 2), 4)
@@ -107,7 +107,7 @@ def test_bubble_table_and_json():
 
 def test_mesh_table_and_json():
     args = ("mesh", "--gpus", "16384", "--tp", "8", "--cp", "1", "--pp", "16", "--dp", "128",
-            "--rank", "12345")  # fmt: skip
+            "--rank", "12345")
     proc = run(*args)
     assert proc.returncode == 0, proc.stderr
     assert "12344, 12345" in proc.stdout
@@ -154,8 +154,14 @@ def test_bad_input_one_sentence_exit_2():
                 "2",
             ],
             "m=6",
-        ),  # fmt: skip
+        ),
         (["bubble", "--stages", "0", "--microbatches", "8"], "p=0"),
+        # the accounting's sentence, as the lab's PipeConfig gives it: 1f1b is not interleaved
+        (
+            ["bubble", "--stages", "4", "--microbatches", "8", "--chunks", "2"],
+            "v=2 chunks need kind='interleaved', not kind='1f1b'",
+        ),
+        (["bubble", "--stages", "4", "--microbatches", "8", "--schedule", "2f2b"], "kind='2f2b'"),
         (["mesh", "--gpus", "16", "--tp", "2", "--pp", "2", "--rank", "16"], "rank=16"),
         (["mesh", "--gpus", "16", "--tp", "3"], "tp*cp*pp = 3*1*1"),
         (["mesh", "--gpus", "16", "--tp", "2", "--pp", "2", "--ep", "3"], "ep*etp"),
@@ -212,7 +218,7 @@ def test_memory_custom_recipe_in_process(capsys):
 
 def test_mesh_moe_fold_in_process(capsys):
     argv = ["mesh", "--gpus", "16", "--tp", "2", "--cp", "2", "--pp", "2", "--rank", "5",
-            "--ep", "4", "--etp", "2", "--json"]  # fmt: skip
+            "--ep", "4", "--etp", "2", "--json"]
     assert cli.main(argv) == 0
     data = json.loads(capsys.readouterr().out)
     fold = mesh.moe_fold(mesh.Mesh(16, 2, 2, 2, 2), 4, 2)
@@ -251,14 +257,14 @@ def test_huge_pipeline_answers_with_closed_forms(kind, v):
         100_000, 100_000, v_closed
     )
     proc = run("bubble", "--stages", "100000", "--microbatches", "100000", "--schedule", kind,
-               "--chunks", str(v))  # fmt: skip
+               "--chunks", str(v))
     assert proc.returncode == 0, proc.stderr
     assert "not simulated" in proc.stdout
 
 
 def test_schedule_size_matches_schedule_and_bounds_simulation():
     for kind, p, m, v in [("gpipe", 3, 5, 1), ("1f1b", 4, 8, 1), ("zb-h1", 4, 6, 1),
-                          ("interleaved", 4, 8, 3)]:  # fmt: skip
+                          ("interleaved", 4, 8, 3)]:
         sched = pipeline.schedule(kind, p, m, v)
         assert pipeline.schedule_size(kind, p, m, v) == sum(len(a) for a in sched)
     with pytest.raises(ValueError, match="m=6, p=4"):

@@ -122,5 +122,21 @@ def test_calculator_renders_static_html_and_error_sentence():
     assert "<table" in html and "<svg" in html and "shardlab-error" not in html
     assert "t8 c1 p16 D128" in html
     box.controls["gpus"].value = 0
-    assert "shardlab-error" in box.output.value and "gpus=0" in box.output.value
+    assert "shardlab-error" in box.output.value and "G (GPUs) = 0" in box.output.value
     assert "Traceback" not in box.output.value
+
+
+def test_global_batch_in_tokens(capsys):
+    """--global-batch-tokens T is T / s sequences: Llama 3's 16,777,216 tokens per step are
+    2,048 sequences at 8K and 128 at 128K, one ranking each."""
+    for preset, seqs in (("llama3-405b-8k", 2048), ("llama3-405b-128k", 128)):
+        assert main_rc(["plan", "--preset", preset, "--global-batch-tokens", "16777216",
+                        "--top", "1", "--json"]) == 0  # fmt: skip
+        by_tokens = json.loads(capsys.readouterr().out)
+        assert main_rc(["plan", "--preset", preset, "--global-batch", str(seqs), "--top", "1",
+                        "--json"]) == 0  # fmt: skip
+        assert json.loads(capsys.readouterr().out) == by_tokens
+    assert main_rc(["plan", "--global-batch-tokens", "1000"]) == 2
+    assert "not a whole number of sequences of s=8,192" in capsys.readouterr().err
+    assert main_rc(["plan", "--global-batch-tokens", "8192", "--global-batch", "1"]) == 2
+    assert "choose one" in capsys.readouterr().err

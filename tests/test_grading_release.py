@@ -158,7 +158,7 @@ def test_cli_release_module_entry_point(tmp_path):
     command = [
         sys.executable, "-m", "shardlab.grading", "release",
         "--labs", str(FIXTURE_LABS), "--out", str(out),
-    ]  # fmt: skip
+    ]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "released 2 lab(s)" in proc.stdout

@@ -113,7 +113,7 @@ def test_the_audit_sees_the_modules():
         "labs/04_fsdp/fsdp_units.py",
         "labs/05_pipeline/pipeline.py",
         "labs/08_expert/_workers_expert.py",
-        "pkg/shardlab/train/layouts_mp.py",
+        "labs/09_combined/layout_fsdp_tp.py",
     ):
         assert must in names
     assert not any("/test_" in n or "/hidden/" in n for n in names)

@@ -1,4 +1,4 @@
-"""Labs 02-04 are guided walkthroughs: a missing function fails its own section, by name.
+"""Labs 01-09 are guided walkthroughs: a missing function fails its own section, by name.
 
 Fast: :mod:`shardlab.walkthrough` (stubs, require, once) on small module files; then each
 released lab notebook (``shardlab release`` into a temporary folder: the stubs a student
@@ -62,7 +62,7 @@ MEASURED_HEADING = "# Measured against predicted"
 def test_every_lab_with_a_notebook_is_a_walkthrough():
     """Issue 16: labs 02-04 were reshaped and new labs follow the same shape."""
     notebooks = {p.parent.name for p in REPO_LABS.glob("[0-9][0-9]_*/lab.ipynb")}
-    missing = sorted(notebooks - set(WALKTHROUGHS) - {"01_collectives"})
+    missing = sorted(notebooks - set(WALKTHROUGHS))
     assert not missing, f"labs without a [walkthrough] table in rubric.toml: {missing}"
     for lab, (modules, (name, qualname, exercise)) in WALKTHROUGHS.items():
         assert modules and all((REPO_LABS / lab / m).is_file() for m in modules), lab
@@ -138,6 +138,21 @@ def test_once_reruns_when_a_file_changes(tmp_path):
     assert calls == [3, 3, "bad"]
 
 
+def test_pytest_failure_names_the_test_first(tmp_path, monkeypatch):
+    """Issue 27: a failing public test's report began mid-sentence (its last 3000 characters)."""
+    (tmp_path / "test_sample.py").write_text(
+        "def test_long():\n    print('x' * 5000)\n    assert 1 == 2, 'the ring sent 3 chunks'\n"
+        "def test_ok():\n    pass\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(AssertionError) as err:
+        wt.pytest("test_sample.py", "long or ok")
+    lines = str(err.value).splitlines()
+    assert lines[0] == "public tests `long or ok` of test_sample.py failed:"
+    assert lines[1].startswith("FAILED test_sample.py::test_long - AssertionError: the ring sent")
+    assert lines[3] == "...", lines[:5]  # the rest starts at a line, not inside one
+
+
 # ----------------------------------------------------------------------- released notebooks
 
 
@@ -203,6 +218,17 @@ def test_released_stub_notebook_fails_part_by_part(released, lab):
     by_cell = {i: v for i, _, v in errors}
     for i in measured:
         assert i in by_cell and "implement" in by_cell[i] and "first" in by_cell[i], (lab, i)
+    # nothing ran, so nothing may read as a result: no verdict over an empty set of cases
+    verdicts = [(i, m.group(0)) for i, c in enumerate(nb.cells) if c.cell_type == "code"
+                for o in c.outputs if o.output_type == "stream"
+                for m in VERDICT_RE.finditer(o.text)]
+    assert not verdicts, f"{lab}: the stub notebook prints verdicts: {verdicts[:5]}"
+
+
+# a verdict word or mark (shardlab.verdict's, or a printed boolean); "'dropout': True" in a
+# printed dict is a value, not a verdict
+VERDICT_RE = re.compile(r"✓|✗|[^'\"]: (?:True|False)\b|\bpassed\b|\bbitwise\b|\bulps\b|\bok$",
+                        re.M)
 
 
 def _guarded(nb, cell):

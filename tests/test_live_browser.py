@@ -1,381 +1,354 @@
-"""The live calculators in a real browser: Chromium, the built site, no other host.
+"""The live calculators in a real browser: Playwright driving the system Chromium, no other host.
 
-Serves ``_build/html`` (``make book-build``, run here if the page is missing) on 127.0.0.1, starts headless Chromium with
-every other host unresolvable, opens chapter 2, waits for Python (Pyodide) to make its
-calculator live, types a new D into the calculator's input on the page, and checks that
-the page then shows the per-rank bytes ``shardlab.accounting.memory.model_state`` gives
-for the new D. Every request the page made must have gone to the local server.
-Chromium is driven over the DevTools protocol (``--virtual-time-budget`` would not wait
-for Pyodide). Prints the time from navigation start to the first live result.
+Serves ``_build/html`` (``make book-build``; built here if missing) on 127.0.0.1 and opens every
+page that shows a calculator in headless Chromium (Debian's ``chromium``, by ``executable_path``:
+no browser is downloaded), with every other host unresolvable and every non-local request
+aborted and counted. Per calculator page it checks (issue 30):
 
-Slow (Pyodide starts in 10-20 s on 2 cores): runs under ``make test-slow``. Needs Debian's
-``chromium`` (``.ci/run`` installs it); without it the test is skipped, unless
-``SHARDLAB_REQUIRE_BROWSER=1`` (set by ``.ci/run``) makes that a failure.
+* the page goes live: Python (Pyodide) rebuilds every stored calculator and reproduces its output;
+* an edit typed key by key (then Enter) shows what ``shardlab <command> ... --json`` computes for
+  the inputs the page then shows (the pipeline edit types ``1.6e1`` into an integer field);
+* a refused input is answered with a sentence naming the field within 1 s, and the calculator
+  keeps its height (within ``HEIGHT_TOLERANCE_PX``);
+* no request left the local server, and the console holds no error at all;
+* axe-core finds no serious or critical accessibility violation, and no figure's alt text is a
+  file name.
+
+More: edits typed while Python loads are applied once live; the planner's "mark layouts" field
+does not recompute per keystroke; fields show their whole value at 1280 px and 390 px; the stored
+view stays when Python cannot start; and the time from navigation to the first live result,
+cold (empty cache) and on a repeat visit, is printed.
+
+Slow (Pyodide starts in 5-40 s on 2 cores): runs under ``make test-slow``. Without Chromium the
+tests are skipped, unless ``SHARDLAB_REQUIRE_BROWSER=1`` (set by ``.ci/run``) makes that a failure.
 """
 
 from __future__ import annotations
 
-import functools
-import http.server
-import json
-import os
 import re
-import shutil
-import subprocess
-import threading
 import time
-from pathlib import Path
 
+import _live_page as lp
 import pytest
-from shardlab.accounting import memory as acc
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
-SITE = ROOT / "_build" / "html"
-PAGE = "book/02_memory.html"
-READY_TIMEOUT_S = 180
-N = 7_000_000_000  # the chapter's calculator: memory_calculator(n_params="7e9", dp=8, ...)
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--no-default-browser-check",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-extensions",
-    "--disable-dev-shm-usage",
-    # every host name fails to resolve; only the IP literal of the local server works
-    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-    "--remote-debugging-port=0",
-]
+READY_TIMEOUT_MS = 180_000
+ANSWER_S = 1.0  # a refused input is answered within this
+HEIGHT_TOLERANCE_PX = 8
+# Every calculator page. (Chapters 8-10 failed until the edit check learned that a page may
+# already show the value it types, and the mesh's refusal that rank 0 exists: both were the
+# test's mistakes, not the pages'.)
+PAGES = ["book/00_one_device.html", "book/01_collectives.html", "book/02_memory.html",
+         "book/03_zero.html", "book/04_fsdp.html", "book/05_pipeline.html", "book/06_tensor.html",
+         "book/07_sequence.html", "book/08_context.html", "book/09_expert.html",
+         "book/10_combining.html", "labs/01_collectives/lab.html"]  # fmt: skip
 
 
-def chromium_path() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    return {**browser_type_launch_args, "executable_path": lp.require_chromium(),
+            "args": lp.CHROMIUM_ARGS, "headless": True}  # fmt: skip
 
 
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    requested: list[str]
-
-    def log_message(self, format, *args):  # noqa: A002 - the base class's name
-        self.requested.append(self.path)
+_STOPS: list = []  # each module-scoped server's stop(), which carries its answered requests
 
 
 @pytest.fixture(scope="module")
-def site_url():
-    if not (SITE / PAGE).is_file():  # make test builds it; build it here when run alone
-        import fcntl
-
-        with open(ROOT / "_build.lock", "w") as lock:  # one build even under pytest-xdist
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (SITE / PAGE).is_file():
-                subprocess.run(["make", "--no-print-directory", "book-build"], cwd=ROOT, check=True)
-    requested: list[str] = []
-    handler = functools.partial(
-        type("Handler", (QuietHandler,), {"requested": requested}), directory=str(SITE)
-    )
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", requested
-    server.shutdown()
-    server.server_close()
-
-
-class DevTools:
-    """The few DevTools-protocol calls this test needs, over one page's websocket."""
-
-    def __init__(self, ws_url: str):
-        import websocket  # websocket-client, installed with jupyter_server
-
-        self.ws = websocket.create_connection(ws_url, timeout=60, suppress_origin=True)
-        self.next_id = 0
-        self.events: list[dict] = []
-
-    def call(self, method: str, **params):
-        self.next_id += 1
-        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        while True:
-            msg = json.loads(self.ws.recv())
-            if msg.get("id") == self.next_id:
-                if "error" in msg:
-                    raise RuntimeError(f"{method}: {msg['error']}")
-                return msg["result"]
-            self.events.append(msg)
-
-    def eval(self, expression: str):
-        result = self.call(
-            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
-        )
-        if "exceptionDetails" in result:
-            raise RuntimeError(f"{expression!r} raised {result['exceptionDetails']}")
-        return result["result"].get("value")
-
-    def wait_for(self, expression: str, timeout: float, what: str):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            value = self.eval(expression)
-            if value:
-                return value
-            time.sleep(0.25)
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-    def close(self):
-        self.ws.close()
+def site():
+    lp.build_site_if_missing(PAGES[1])
+    base, requested, stop = lp.serve()
+    _STOPS.append(stop)
+    yield base, requested
+    stop()
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    exe = chromium_path()
-    if exe is None:
-        if os.environ.get("SHARDLAB_REQUIRE_BROWSER") == "1":
-            pytest.fail("chromium is not installed (apt-get install -y chromium)")
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    proc = subprocess.Popen(
-        [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    port_file = profile / "DevToolsActivePort"
-    end = time.monotonic() + 60
-    while not port_file.exists() or not port_file.read_text().strip():
-        if proc.poll() is not None or time.monotonic() > end:
-            proc.kill()
-            pytest.fail(f"chromium did not start (exit code {proc.poll()})")
-        time.sleep(0.1)
-    port = int(port_file.read_text().split()[0])
-    import urllib.request
+def site_answers(site):
+    """``(base_url, [(path, status), ...])`` of the module's server."""
+    return site[0], _STOPS[-1].answered
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
-        pages = [t for t in json.load(r) if t["type"] == "page"]
-    tools = DevTools(pages[0]["webSocketDebuggerUrl"])
-    yield tools
-    tools.close()
-    proc.terminate()
+
+@pytest.fixture(scope="module")
+def ctx(browser, site):
+    context = lp.offline_context(browser, site[0], viewport={"width": 1280, "height": 900})
+    yield context
+    context.close()
+
+
+def open_live(ctx, base: str, page_path: str):
+    page = ctx.new_page()
+    console = lp.Console(page)
+    page.goto(f"{base}/{page_path}", wait_until="commit")
+    page.wait_for_function(
+        "window.shardlabLive && window.shardlabLive.state !== 'loading'", timeout=READY_TIMEOUT_MS
+    )
+    live = page.evaluate("JSON.parse(JSON.stringify(window.shardlabLive))")
+    assert live["state"] == "ready" and live["errors"] == [], (page_path, live)
+    return page, console, live
+
+
+def shown(x: float, text: str) -> bool:
+    """``x`` appears in ``text`` in one of the formats the calculators use."""
+    from shardlab.widgets import _format as f
+
+    if isinstance(x, str):
+        return x in text
+    forms = {f.fmt_int(x), f.fmt_num(x), f.fmt_time(x), f.fmt_pct(x), f"{x:,.0f}", f"{x:.2f}"}
+    return any(s in text for s in forms)
+
+
+# title -> (field, typed text, CLI arguments from the page's fields, numbers the page must show)
+def _memory(v):
+    return ["memory", "--params", v["N (parameters)"], "--dp", v["D (data-parallel ranks)"],
+            "--recipe", v["recipe"], "--layout", v["layout"]]  # fmt: skip
+
+
+def _activations(v):
+    keys = {"s": "s (sequence length, tokens)", "b": "b (microbatch size)", "h": "h (hidden width)",
+            "a": "a (attention heads)", "t": "t (tensor-parallel degree)", "layers": "L (layers)"}  # fmt: skip
+    return ["activations", *(x for k, lab in keys.items() for x in (f"--{k}", v[lab]))]
+
+
+def _comm(v):
+    return ["comm", "--op", v["collective"], "--bytes", v["size V (bytes)"], "--ranks",
+            v["D (ranks)"], "--alpha-us", v["α (µs/round)"], "--beta-gbps", v["β (GB/s)"],
+            "--algo", v["algorithm"]]  # fmt: skip
+
+
+def _pipeline(v):
+    args = ["bubble", "--schedule", v["schedule"], "--stages", v["p (stages)"],
+            "--microbatches", v["m (microbatches)"], "--cost-f", v["F cost"]]  # fmt: skip
+    if v["schedule"] == "interleaved":
+        args += ["--chunks", v["v (chunks)"]]
+    if v["schedule"] == "zb-h1":
+        return args + ["--cost-bi", v["BI cost"], "--cost-bw", v["BW cost"]]
+    return args + ["--cost-b", v["B cost"]]
+
+
+def _mesh(v):
+    return ["mesh", "--gpus", v["G (GPUs)"], "--dp", v["D (data)"], "--tp", v["t (tensor)"],
+            "--pp", v["p (pipeline)"], "--cp", v["c (context)"], "--rank", v["look up rank"]]  # fmt: skip
+
+
+EDITS = {
+    "Model-state memory per rank": ("D (data-parallel ranks)", "4", _memory,
+        lambda d: [s["total_bytes"] for s in d["layouts"].values()]),
+    "Saved activations per layer": ("b (microbatch size)", "2", _activations,
+        lambda d: [m["bytes_per_layer"] for m in d["modes"]]),
+    "Collectives under the α–β model": ("D (ranks)", "16", _comm,
+        lambda d: [d["selected"]["seconds"]]),
+    "Pipeline schedule and bubble": ("m (microbatches)", "1.6e1", _pipeline,
+        lambda d: [d["simulated"]["bubble_fraction"]]),
+    "Device mesh": ("look up rank", "5", _mesh,
+        lambda d: [", ".join(map(str, d["axes"]["tp"]["rank_group"]))]),
+    # no `shardlab` command for it yet: FLOPs 2mkn from the fields the page shows
+    "Roofline of one matrix product": ("m (rows)", "2e3", None,
+        lambda v: [2 * int(v["m (rows)"]) * int(v["k"]) * int(v["n"])]),
+    # no command either: the DDP row's compute time from accounting.overlap via the report
+    "Compute versus communication": ("T (tokens per rank per step)", "2048", None,
+        lambda v: [_overlap_ddp_compute(v)]),
+}  # fmt: skip
+
+
+def _overlap_ddp_compute(values: dict) -> float:
+    from shardlab.widgets.overlap import LABELS, overlap_report
+
+    args = {k: values[label].replace(",", "") for k, label in LABELS.items()}
+    return overlap_report(**args).data["rows"]["ddp"]["compute_s"]
+ALTERNATE = {"Model-state memory per rank": "2", "Saved activations per layer": "3",
+             "Collectives under the α–β model": "8", "Pipeline schedule and bubble": "12",
+             "Device mesh": "6", "Roofline of one matrix product": "3e3",
+             "Compute versus communication": "4096"}  # fmt: skip
+
+
+def _differs(current: str, text: str) -> bool:
     try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        return float(current.replace(",", "")) != float(text)
+    except ValueError:
+        return current != text
 
 
-# The live memory calculator's "bytes/rank" cells, by layout (the totals table).
-TOTALS_JS = """(() => {
-  const view = document.querySelector('.shardlab-live-view');
-  if (!view) return null;
-  for (const table of view.querySelectorAll('table.shardlab-table')) {
-    const heads = [...table.querySelectorAll('thead th')].map(th => th.textContent.trim());
-    const col = heads.indexOf('bytes/rank');
-    if (col < 0) continue;
-    const out = {};
-    for (const tr of table.querySelectorAll('tbody tr')) {
-      const cells = [...tr.children].map(td => td.textContent.trim());
-      out[cells[0]] = cells[col];
-    }
-    return out;
-  }
-  return null;
-})()"""
-
-# display style of the stored (static) calculator view, or null if it was never rendered
-STATIC_VIEW_JS = """(() => {
-  const el = document.querySelector('.widget-subarea:not(.shardlab-live-view)');
-  return el && el.querySelector('table.shardlab-table') ? el.style.display || 'shown' : null;
-})()"""
-
-D_INPUT_JS = """(() => {
-  const view = document.querySelector('.shardlab-live-view');
-  for (const label of view.querySelectorAll('label')) {
-    if (label.textContent.trim() === 'D (data-parallel ranks)') {
-      const input = label.parentElement.querySelector('input');
-      input.focus();
-      input.select();
-      return input.value;
-    }
-  }
-  return null;
-})()"""
+def check_edit(view, title: str) -> str:
+    label, text, cli, numbers = EDITS[title]
+    # a page may already show the edit's value (chapter 8's all-gather on 16 ranks, chapter
+    # 9's mesh at rank 5): then type another one, or nothing would change
+    if not _differs(str(lp.controls(view)[label]), text):
+        text = ALTERNATE[title]
+    before = lp.result_text(view)
+    lp.type_into(view, label, text)
+    view.page.wait_for_function("([el, b]) => el.innerText !== b",
+                                arg=[view.locator(".widget-html-content").last.element_handle(),
+                                     before], timeout=30_000)  # fmt: skip
+    values = lp.controls(view)
+    data = lp.run_cli([str(x) for x in cli(values)]) if cli else values
+    page_text = lp.result_text(view)
+    missing = [x for x in numbers(data) if not shown(x, page_text)]
+    assert not missing, (title, values, missing, page_text[:600])
+    return label
 
 
-def expected_bytes(n: float, d: int) -> dict[str, int]:
-    rec = acc.get_recipe("mixed-adam-16")
-    return {lay: round(acc.model_state(n, d, lay, rec).total) for lay in acc.LAYOUTS}
-
-
-def shown_bytes(totals: dict[str, str]) -> dict[str, int]:
-    return {lay: int(cell.replace(",", "")) for lay, cell in totals.items()}
-
-
-def test_live_calculator_recomputes_in_the_browser(site_url, browser):
-    base, requested = site_url
-    browser.call("Network.enable")
-    browser.call("Page.enable")
-    browser.call("Runtime.enable")
-    browser.call("Page.navigate", url=f"{base}/{PAGE}")
+def check_refusal(view, label: str, bad: str = "0") -> None:
+    """Typing ``bad`` into ``label`` shows one sentence naming the field within 1 s; the
+    calculator keeps its height; typing the value back restores the result."""
+    old = lp.controls(view)[label]
+    height = view.bounding_box()["height"]
     t0 = time.monotonic()
+    lp.type_into(view, label, bad)
+    view.locator(".shardlab-error").wait_for(timeout=10_000)
+    answered = time.monotonic() - t0
+    sentence = view.locator(".shardlab-error").inner_text()
+    assert answered < ANSWER_S + 0.5, f"{label}: answered in {answered:.2f} s"  # + typing time
+    assert label in sentence and "Traceback" not in sentence, sentence
+    after = view.bounding_box()["height"]
+    assert abs(after - height) <= HEIGHT_TOLERANCE_PX, (label, height, after, sentence)
+    lp.type_into(view, label, old)
+    view.locator(".shardlab-error").wait_for(state="detached", timeout=10_000)
 
-    # The stored (static) view and the "loading" note come first.
-    note = browser.wait_for(
-        "document.querySelector('.shardlab-live-status')?.textContent", 30, "the live-status note"
+
+@pytest.mark.parametrize("page_path", PAGES)
+def test_calculator_page(ctx, site, page_path):
+    base, _ = site
+    page, console, live = open_live(ctx, base, page_path)
+    assert live["calculators"] >= 1 and all(live["same"].values()), live
+    assert lp.views(page).count() == live["calculators"]
+    edited = []
+    for i in range(lp.views(page).count()):
+        view = lp.views(page).nth(i)
+        title = lp.title_of(view)
+        if title in EDITS and title not in edited:
+            view.scroll_into_view_if_needed()
+            label = check_edit(view, title)
+            check_refusal(view, label, "-1" if title == "Device mesh" else "0")  # rank 0 exists
+            edited.append(title)
+    assert edited, f"{page_path}: no calculator with an edit check ({lp.controls(view)})"
+    assert ctx.foreign == [], ctx.foreign
+    alts = page.eval_on_selector_all("img", "els => els.map(e => e.getAttribute('alt') || '')")
+    assert not [a for a in alts if re.search(r"\.(png|jpe?g|svg)$", a)], alts
+    violations = lp.axe_violations(page)
+    assert violations == [], violations
+    assert console.errors == [], console.errors
+    page.close()
+
+
+def test_edits_while_loading_are_applied(ctx, site):
+    """A value typed into the stored view while Python loads is applied once it is live.
+    Python's wasm is held back until the edit is made (Pyodide now starts in about 4 s, so
+    without that the page could be live before the test had typed: seen, a flaky race)."""
+    base, _ = site
+    page = ctx.new_page()
+    held = []  # the wasm request, answered once the edit is made
+    page.route("**/pyodide.asm.wasm", lambda route: held.append(route))
+    page.goto(f"{base}/book/02_memory.html", wait_until="commit")
+    stored = page.locator(".widget-subarea:not(.shardlab-live-view)").first
+    stored.locator("input").nth(1).wait_for(timeout=60_000)  # the stored D field
+    assert page.evaluate("window.shardlabLive.state") == "loading"
+    box = stored.locator("input").nth(1)
+    box.click()
+    box.press("Control+A")
+    box.press_sequentially("32")
+    box.press("Tab")
+    for _ in range(600):  # the page asks for the wasm once its loader runs
+        if held:
+            break
+        page.wait_for_timeout(100)
+    assert held, "the page never asked for Python's wasm"
+    held[0].continue_()
+    page.wait_for_function("window.shardlabLive.state !== 'loading'", timeout=READY_TIMEOUT_MS)
+    view = lp.views(page).first
+    assert lp.controls(view)["D (data-parallel ranks)"] == "32"
+    data = lp.run_cli(["memory", "--params", "7e9", "--dp", "32"])
+    page.wait_for_function("n => document.querySelector('.shardlab-live-view').innerText.includes(n)",
+                           arg=f"{round(data['layouts']['zero3']['total_bytes']):,}", timeout=10_000)  # fmt: skip
+    page.close()
+
+
+def test_planner_mark_field_waits_for_enter(ctx, site):
+    base, _ = site
+    page, _, _ = open_live(ctx, base, "book/10_combining.html")
+    view = lp.views(page).filter(has_text="Layout planner").first
+    before = lp.result_text(view)
+    lp.type_into(view, "mark layouts", "t=8,c=1,p=8", enter=False)
+    page.wait_for_timeout(1500)
+    assert lp.result_text(view) == before  # no recompute per keystroke
+    lp.field(view, "mark layouts").press("Enter")
+    page.wait_for_function("([el, b]) => el.innerText !== b",
+                           arg=[view.locator(".widget-html-content").last.element_handle(),
+                                before], timeout=30_000)  # fmt: skip
+    page.close()
+
+
+CUT_JS = """() => [...document.querySelectorAll('.shardlab-live-view input[type=text], .shardlab-live-view input[type=number]')]
+  .filter(i => i.offsetParent && i.scrollWidth > i.clientWidth + 1).map(i => i.value)"""
+# a cell wraps when its text sits on more than one line (distinct tops of its line boxes);
+# the cell's height alone misleads: the theme's 28 px line height on 13 px text makes one
+# line 2.6 em tall (the first version of this check flagged every cell for that)
+WRAP_JS = """() => [...document.querySelectorAll('.shardlab-live-view td')].filter(td => {
+  const r = document.createRange(); r.selectNodeContents(td);
+  return new Set([...r.getClientRects()].filter(x => x.width > 0).map(x => Math.round(x.top))).size > 1;
+}).map(td => td.textContent)"""
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_fields_and_numbers_fit(browser, site, width):
+    base, _ = site
+    context = lp.offline_context(browser, base, viewport={"width": width, "height": 900})
+    for page_path in ("book/05_pipeline.html", "book/07_sequence.html"):
+        page, _, _ = open_live(context, base, page_path)
+        assert page.evaluate(CUT_JS) == [], (page_path, width)
+        assert page.evaluate(WRAP_JS) == [], (page_path, width)
+        page.close()
+    context.close()
+
+
+def test_load_time_cold_and_repeat(browser_type, browser_type_launch_args, site_answers,
+                                   tmp_path):  # fmt: skip
+    """A repeat visit downloads nothing big again: every runtime file (Pyodide's wasm, the
+    wheels) comes from the browser's cache or is answered 304. Timed, not asserted on time
+    (a speed target is a benchmark's, and these machines are noisy): the figures are printed.
+    A persistent profile, as a reader's browser has: an ephemeral context keeps its cache in
+    memory and does not keep an entry as large as the 9 MB wasm (seen: re-downloaded every
+    visit). No request routing (Playwright's routing turns the HTTP cache off), so this
+    context is not offline-enforced; every other test's is, and they see no remote request."""
+    base, answered = site_answers
+    context = browser_type.launch_persistent_context(
+        str(tmp_path / "profile"), **browser_type_launch_args, viewport={"width": 1280, "height": 900}
     )
-    assert "Live version loading" in note and " s " in note, note
+    times, visits = [], []
+    for _ in range(2):
+        start = len(answered)
+        page, _, live = open_live(context, base, "book/02_memory.html")
+        times.append(live["readyAt"] / 1000)
+        phases = live["phases"]
+        page.close()
+        visits.append(answered[start:])
+    context.close()
+    big = (".wasm", ".whl", ".zip", "pyodide.asm.js")
+    cold = [path for path, code in visits[0] if path.split("?")[0].endswith(big) and code == 200]
+    again = [path for path, code in visits[1] if path.split("?")[0].endswith(big) and code == 200]
+    print(f"\nfirst live result, navigation start -> live: cold {times[0]:.1f} s, repeat visit "
+          f"{times[1]:.1f} s (phases of the repeat, ms: {phases}); runtime files downloaded: "
+          f"{len(cold)} cold, {len(again)} on the repeat visit")  # fmt: skip
+    assert cold, "the cold visit downloaded no runtime file: the check would prove nothing"
+    assert again == [], f"downloaded again on the repeat visit: {again}"
 
-    state = browser.wait_for(
-        "window.shardlabLive && window.shardlabLive.state !== 'loading' && window.shardlabLive.state",
-        READY_TIMEOUT_S,
-        "Python to start",
+
+def test_stored_view_stays_when_python_cannot_start(browser, site):
+    base, _ = site
+    context = lp.offline_context(browser, base)
+    context.route("**/pyodide.asm.wasm", lambda r: r.abort())
+    context.add_init_script("window.shardlabLiveTimeoutMs = 20000;")
+    page = context.new_page()
+    page.goto(f"{base}/book/02_memory.html", wait_until="commit")
+    page.wait_for_function("window.shardlabLive && window.shardlabLive.state !== 'loading'",
+                           timeout=60_000)  # fmt: skip
+    assert page.evaluate("window.shardlabLive.state") == "failed"
+    stored = page.locator(".widget-subarea:not(.shardlab-live-view) table.shardlab-table").first
+    stored.wait_for(timeout=30_000)
+    assert lp.views(page).count() == 0
+    note = page.locator(".shardlab-live-status").first.inner_text()
+    assert (
+        note.startswith("Live version unavailable") and "computed when the book was built" in note
     )
-    live = browser.eval("JSON.parse(JSON.stringify(window.shardlabLive))")
-    assert state == "ready", live
-    assert live["errors"] == [], live["errors"]
-    assert live["calculators"] == 1
-    assert all(live["same"].values()), "the live calculator did not reproduce the stored output"
-    ready_wall = time.monotonic() - t0
-    # The stored view was rendered first and is now hidden behind the live one.
-    assert browser.eval(STATIC_VIEW_JS) == "none"
-
-    # The live view shows D=8 (the chapter's inputs), computed by Python.
-    before = shown_bytes(browser.eval(TOTALS_JS))
-    assert before == expected_bytes(N, 8)
-
-    # Type D=4 into the page's input and press Enter, as a reader would.
-    assert browser.eval(D_INPUT_JS) == "8"
-    t_edit = time.monotonic()
-    browser.call("Input.insertText", text="4")
-    for kind in ("keyDown", "keyUp"):
-        browser.call(
-            "Input.dispatchKeyEvent",
-            type=kind,
-            key="Enter",
-            code="Enter",
-            windowsVirtualKeyCode=13,
-            nativeVirtualKeyCode=13,
-            **({"text": "\r"} if kind == "keyDown" else {}),
-        )
-    want = expected_bytes(N, 4)
-    zero3 = json.dumps(f"{want['zero3']:,}")
-    totals = browser.wait_for(
-        f"(() => {{ const t = {TOTALS_JS}; return t && t['zero3'] === {zero3} ? t : null; }})()",
-        30,
-        "the page to show the result for D=4",
-    )
-    edit_s = time.monotonic() - t_edit
-    assert shown_bytes(totals) == want
-    assert shown_bytes(totals) != before
-
-    # Nothing was fetched from anywhere but the local server.
-    urls = [
-        e["params"]["request"]["url"]
-        for e in browser.events
-        if e.get("method") == "Network.requestWillBeSent"
-    ]
-    foreign = [u for u in urls if not u.startswith((base + "/", "data:", "blob:"))]
-    assert foreign == [], foreign
-    assert any(p.endswith("pyodide.asm.wasm") for p in requested)
-    # ... and no widget, Pyodide or live-script error reached the console (the theme's own
-    # messages, e.g. sphinx-thebe declaring THEBE_JS_URL twice, are not this test's concern).
-    errors = [
-        json.dumps(e["params"])[:400]
-        for e in browser.events
-        if e.get("method") == "Runtime.exceptionThrown"
-        or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] == "error")
-    ]
-    ours = [e for e in errors if re.search(r"shardlab|pyodide|python|embed-amd", e, re.I)]
-    assert ours == [], ours
-    assert any(p.endswith(".whl") for p in requested)
-
-    print(
-        f"\nlive calculator: navigation start -> first live result {live['readyAt'] / 1000:.1f} s "
-        f"(page script start -> live {live['readyMs'] / 1000:.1f} s; wall {ready_wall:.1f} s); "
-        f"edit -> new result {edit_s:.2f} s; {len(urls)} requests, all to {base}; "
-        f"phases (ms from navigation start): {live['phases']}"
-    )
-
-
-def page_calculators(html: str) -> int:
-    """How many calculators a built page displays (from its stored widget state)."""
-    from shardlab.widgets import live as live_module
-
-    state = re.search(
-        r'<script type="application/vnd\.jupyter\.widget-state\+json">(.*?)</script>', html, re.S
-    )
-    views = re.findall(
-        r'<script type="application/vnd\.jupyter\.widget-view\+json">(.*?)</script>', html, re.S
-    )
-    if not state:
-        return 0
-    models = json.loads(state.group(1))["state"]
-    ids = [json.loads(v)["model_id"] for v in views]
-    return sum(live_module._title(models, i) is not None for i in ids)
-
-
-def test_every_calculator_page_goes_live(site_url, browser):
-    base, _ = site_url
-    pages = {
-        p.relative_to(SITE).as_posix(): n
-        for p in sorted(SITE.rglob("*.html"))
-        if "_static" not in p.parts and (n := page_calculators(p.read_text(encoding="utf-8")))
-    }
-    assert len(pages) >= 10, pages  # chapters 1-10 and lab 01 show calculators
-    browser.call("Page.enable")
-    times = {}
-    for page, expected in pages.items():
-        browser.call("Page.navigate", url=f"{base}/{page}")
-        browser.wait_for(
-            "document.readyState === 'complete' && !!window.shardlabLive", 60, f"{page} to load"
-        )
-        state = browser.wait_for(
-            "window.shardlabLive.state !== 'loading' && window.shardlabLive.state",
-            READY_TIMEOUT_S,
-            f"{page} to go live",
-        )
-        live = browser.eval("JSON.parse(JSON.stringify(window.shardlabLive))")
-        assert state == "ready" and live["errors"] == [], (page, live)
-        assert live["calculators"] == expected, (page, live)
-        assert len(live["same"]) == expected and all(live["same"].values()), (page, live)
-        shown = browser.eval("document.querySelectorAll('.shardlab-live-view').length")
-        assert shown == expected, (page, shown)
-        times[page] = round(live["readyAt"] / 1000, 1)
-    print(f"\nlive calculators per page, navigation start -> live (s): {times}")
-
-
-def test_stored_view_stays_when_python_cannot_start(site_url, browser):
-    base, _ = site_url
-    browser.call("Network.enable")
-    browser.call("Page.enable")
-    browser.call("Network.setBlockedURLs", urls=["*pyodide.asm.wasm"])
-    # the page gives up after 180 s by default; 20 s is enough to show the fallback here
-    script = browser.call(
-        "Page.addScriptToEvaluateOnNewDocument", source="window.shardlabLiveTimeoutMs = 20000;"
-    )
-    try:
-        browser.call("Page.navigate", url=f"{base}/{PAGE}")
-        state = browser.wait_for(
-            "window.shardlabLive && window.shardlabLive.state !== 'loading' && "
-            "window.shardlabLive.state",
-            60,
-            "the live script to give up",
-        )
-        assert state == "failed"
-        browser.wait_for(STATIC_VIEW_JS, 30, "the stored view")
-        assert browser.eval(STATIC_VIEW_JS) == "shown"
-        assert browser.eval("document.querySelectorAll('.shardlab-live-view').length") == 0
-        note = browser.eval("document.querySelector('.shardlab-live-status').textContent")
-        assert (
-            note.startswith("Live version unavailable")
-            and "computed when the book was built" in note
-        )
-        assert shown_bytes(
-            browser.eval(TOTALS_JS.replace(".shardlab-live-view", ".widget-subarea"))
-        ) == (expected_bytes(N, 8))
-    finally:
-        browser.call("Network.setBlockedURLs", urls=[])
-        browser.call("Page.removeScriptToEvaluateOnNewDocument", identifier=script["identifier"])
+    assert "14,000,000,000" in page.locator(".widget-subarea").first.inner_text()
+    context.close()

@@ -32,6 +32,29 @@ def test_config_validation_sentences():
     assert CFG.d_ff == 64 and CFG.head_dim == 8
 
 
+def test_config_from_and_to_the_accounting_shape():
+    """One vocabulary: ``accounting.compute.ModelShape`` describes the model, ``GPTConfig``
+    is built from it and back; ``shardlab train``'s shapes build the same GPTs as before."""
+    from dataclasses import replace
+
+    from shardlab.accounting.compute import ModelShape
+    from shardlab.train import MODELS
+
+    shape = ModelShape(layers=2, hidden=16, heads=2, kv_heads=2, ffn=64, vocab=32, seq_len=8,
+                       gated=False, norm="layernorm")
+    assert GPTConfig.from_shape(shape) == CFG and CFG.to_shape() == shape
+    tied = replace(shape, tied_embeddings=True)
+    assert GPTConfig.from_shape(tied).to_shape() == tied
+    assert GPTConfig.from_shape(MODELS["tiny"]) == GPTConfig(
+        vocab_size=64, seq_len=16, n_layer=2, n_head=4, d_model=32, d_ff=128)
+    assert GPTConfig.from_shape(MODELS["small"]) == GPTConfig(
+        vocab_size=512, seq_len=128, n_layer=4, n_head=8, d_model=256, d_ff=1024)
+    with pytest.raises(ValueError, match=r"GPTConfig.from_shape .* gated=True, norm='rmsnorm'"):
+        GPTConfig.from_shape(replace(shape, gated=True, norm="rmsnorm"))
+    with pytest.raises(ValueError, match="kv_heads=1"):
+        GPTConfig.from_shape(replace(shape, kv_heads=1))
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_param_count_and_blocks(tied):
     c = GPTConfig(vocab_size=32, seq_len=8, n_layer=3, n_head=2, d_model=16, tied_embeddings=tied)
@@ -89,7 +112,7 @@ def test_tiny_gpt_kinds_and_sizes():
     assert every - _trainable(tiny_gpt("frozen")) == {"pos_emb.weight"}
     assert every - _trainable(tiny_gpt("frozen-ln1")) == {
         "pos_emb.weight", "blocks.0.ln1.weight", "blocks.0.ln1.bias",
-    }  # fmt: skip
+    }
     assert _trainable(tiny_gpt("two")) == {"lm_head.weight", "ln_f.bias"}
     assert tiny_gpt("odd").config == GPTConfig(**SIZES["odd"])
     assert _trainable(tiny_gpt("odd")) == _trainable(tiny_gpt("plain", size="odd"))

@@ -6,8 +6,9 @@ three launches; the balance and idle checks use the medians of the three.
 
 Tolerances, and why:
 
-* stage balance: the ranks' median CPU time of F and of B (BI for zb-h1) within 25 % of each
-  other. The work is equal; what differs is the core a rank runs on (the 2 cores of this
+* stage balance: the ranks' median CPU time of F and of B (F only for zb-h1: stage 0 runs its
+  whole backward in BW, nothing upstream waits for its BI, so its BI and BW are not the other
+  stages' halves) within 25 % of each other. The work is equal; what differs is the core a rank runs on (the 2 cores of this
   machine are shared with other jobs; spreads of 0-20 % were seen on one run, a few % typical).
   GPipe's forward is checked too since the ranks keep glibc's heap between steps
   (``_workers_pipeline._steady_malloc``): before, its 8 back-to-back forwards took page faults
@@ -47,9 +48,9 @@ def test_balanced_bubble_two_ranks():
     idle = {}
     for key in W.SCHEDULES:
         kind = key[0]
-        b_key = "BI" if kind == "zb-h1" else "B"
+        keys = ("F",) if kind == "zb-h1" else ("F", "B")
         one = [r[key] for r in runs]
-        spread = statistics.median(max(a["cpu_spread"]["F"], a["cpu_spread"][b_key]) for a in one)
+        spread = statistics.median(max(a["cpu_spread"][k] for k in keys) for a in one)
         assert spread <= 0.25, (kind, [a["cpu_spread"] for a in one])
         # the simulator fed each run's own costs: median of the three runs within 15 %
         ratios = [a["makespan"] / a["sim_makespan"] for a in one]

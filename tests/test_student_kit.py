@@ -29,6 +29,7 @@ def test_kit_layout_pins_and_labs(tmp_path):
     kit = tmp_path / "student"
     manifest = release_kit(REPO_LABS, kit)
     assert {p.name for p in kit.iterdir()} == {
+        ".shardlab-release.json",
         "README.md",
         "labs",
         "pkg",
@@ -124,3 +125,14 @@ def test_new_student_follows_the_kit_readme(tmp_path):
         shutil.copyfile(REPO_LABS / lab / name, kit / "labs" / lab / name)
     ref = subprocess.run(tests + ["-n", "2"], cwd=kit, capture_output=True, text=True, timeout=900)
     assert ref.returncode == 0, ref.stdout[-3000:]
+
+
+def test_kit_readme_activates_before_bare_commands():
+    """Issue 27: commands the labs print (``pytest test_collectives.py -q``) need the kit's
+    environment on PATH; the README says how before its first bare ``pytest``/``jupyter``."""
+    from shardlab.grading.kit import README
+
+    lines = README.splitlines()
+    activate = next(i for i, ln in enumerate(lines) if ln.startswith("source .venv/bin/activate"))
+    bare = [i for i, ln in enumerate(lines) if re.match(r"^(pytest|jupyter|python) ", ln)]
+    assert bare and min(bare) > activate, (activate, [lines[i] for i in bare])

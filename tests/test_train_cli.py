@@ -52,7 +52,7 @@ def _assert_exact(layout: str, rows: list[dict]) -> None:
 
 def test_every_two_rank_layout_sends_exactly_the_predicted_bytes():
     res = launch("_train_ranks:run_specs", 2, [_spec(x) for x in TWO_RANK], quiet=True,
-                 timeout=240)  # fmt: skip
+                 timeout=240)
     for k, layout in enumerate(TWO_RANK):
         _assert_exact(layout, [res[r][k] for r in range(2)])
     # the pipeline's first and last stage send the same here (activations vs gradients)
@@ -61,7 +61,7 @@ def test_every_two_rank_layout_sends_exactly_the_predicted_bytes():
 
 def test_fsdp_tp_on_four_ranks_sends_exactly_the_predicted_bytes_per_axis():
     rows = launch("_train_ranks:run_specs", 4, [_spec("fsdp+tp", ranks=4)], quiet=True,
-                  timeout=240)  # fmt: skip
+                  timeout=240)
     _assert_exact("fsdp+tp", [r[0] for r in rows])
     assert [r[0]["coords"]["dp"] for r in rows] == [0, 0, 1, 1]  # tp innermost
 
@@ -70,7 +70,7 @@ def _cli(*args: str, cwd=ROOT, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "shardlab", "train", *args], cwd=cwd, capture_output=True,
         text=True, timeout=300, env=env,
-    )  # fmt: skip
+    )
 
 
 def test_json_report_parses_and_progress_is_plain_text_off_a_terminal():
@@ -202,9 +202,9 @@ def test_two_torchrun_agents_c10d_rendezvous_match_the_launcher():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     cmd = [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}",
-           "-m", "shardlab", "train", *args]  # fmt: skip
+           "-m", "shardlab", "train", *args]
     agents = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [a.communicate(timeout=300) for a in agents]
     assert [a.returncode for a in agents] == [0, 0], [e[-2000:] for _, e in outs]
     reports = [json.loads(o) for o, _ in outs if o.strip()]

@@ -23,6 +23,8 @@ CALCULATORS = {
     "comm": W.comm_calculator,
     "pipeline": W.pipeline_calculator,
     "mesh": W.mesh_calculator,
+    "roofline": W.roofline_calculator,
+    "overlap": W.overlap_calculator,
 }
 
 
@@ -137,6 +139,19 @@ def test_pipeline_defaults_and_changes():
     assert f"{100 * pipeline.bubble_ratio(4, 8, 2):.1f} %" in box.output.value
 
 
+def test_pipeline_1f1b_with_chunks_is_the_accounting_sentence_not_interleaved():
+    """1f1b with v > 1 is refused with the sentence of ``accounting.pipeline.check_kind``
+    (the lab's PipeConfig gives the same one), not silently run as interleaved."""
+    box = W.pipeline_calculator()
+    box.controls["v"].value = 2
+    html = box.output.value
+    with pytest.raises(ValueError, match="chunks need kind='interleaved', not kind='1f1b'"):
+        pipeline.check_kind("1f1b", 4, 8, 2)
+    # the calculator shows that sentence (its fields named as the calculator labels them)
+    assert is_error(html) and "chunks need" in html and "interleaved" in html
+    assert "<table" not in html
+
+
 def test_mesh_defaults_and_changes():
     box = W.mesh_calculator()
     html = box.output.value
@@ -161,12 +176,16 @@ def test_mesh_defaults_and_changes():
         assert ", ".join(map(str, grp)) in html
 
 
+# A widget's sentence names the field as the reader sees it (issue 30, defect 6), not the
+# argument name (dp=0, group_size=-2) the CLI and accounting use.
 BAD = {
-    "memory": ("dp", 0, "dp=0"),
-    "activations": ("a", 30, "a=30"),
-    "comm": ("ranks", -2, "group_size=-2"),
-    "pipeline": ("m", 0, "m=0"),
-    "mesh": ("dp", 100, "dp=100"),
+    "memory": ("dp", 0, "D (data-parallel ranks) = 0"),
+    "activations": ("a", 30, "a (attention heads) = 30"),
+    "comm": ("ranks", -2, "D (ranks) = -2"),
+    "pipeline": ("m", 0, "m (microbatches) = 0"),
+    "mesh": ("dp", 100, "D (data) = 100"),
+    "roofline": ("m", 0, "0 must be"),
+    "overlap": ("p", 100, "p (stages) = 100 exceeds L (layers) = 80"),
 }
 
 
@@ -185,6 +204,31 @@ def test_bad_input_shows_a_sentence(name):
         assert is_error(box.output.value) and "seven billion" in box.output.value
 
 
+@pytest.mark.parametrize("name", sorted(CALCULATORS))
+def test_number_fields_accept_scientific_notation_and_refuse_garbage(name):
+    """Every number field is a text box: 1e9 reaches Python as 1,000,000,000 (ipywidgets'
+    IntText drops the e keystroke: 1e9 became 19), a fraction in a whole-number field and text
+    that is not a number are refused naming the field (issue 30, defects 2 and 6)."""
+    from shardlab.widgets._fields import NumberField, _from_text
+
+    box = CALCULATORS[name]()
+    fields = {k: c for k, c in box.controls.items() if isinstance(c, NumberField)}
+    assert fields and not any(
+        type(c).__name__ in ("IntText", "FloatText") for c in box.controls.values()
+    )
+    assert _from_text("1e9") == 10**9 and _from_text("2,048") == 2048
+    key, field = next((k, c) for k, c in fields.items() if c.integer)
+    field.value = _from_text("2.5")
+    assert is_error(box.output.value) and f"{field.description}: 2.5 is not a whole number" in (
+        box.output.value
+    )
+    field.value = _from_text("lots")
+    assert f"{field.description}: &#x27;lots&#x27; is not a number" in box.output.value
+    assert all(
+        not c.continuous_update for c in box.controls.values() if hasattr(c, "continuous_update")
+    )
+
+
 def test_render_functions_without_widgets():
     assert "112.00" in W.render_memory(n_params=7e9, dp=8)
     assert "912" in W.render_activations()
@@ -192,6 +236,7 @@ def test_render_functions_without_widgets():
     assert "36,750,000,000" in W.render_step_volume(layout="zero3")
     assert "27.3 %" in W.render_pipeline(p=4, m=8)
     assert "12345" in W.render_mesh(rank=12345)
+    assert "1,365.33" in W.render_roofline(m=4096, k=4096, n=4096, q=2)  # N / 3 FLOP/byte
     with pytest.raises(ValueError, match="dp=3"):
         W.render_mesh(G=16, dp=3, tp=1, pp=1)
 
@@ -212,3 +257,28 @@ def test_pipeline_widget_shows_na_when_zb_closed_form_does_not_apply():
 
     html = render_pipeline(kind="zb-h1", p=4, m=8, costs={"F": 1, "BI": 1, "BW": 3})
     assert "n/a" in html and "shardlab-error" not in html
+
+
+def test_overlap_calculator_matches_the_hand_worked_case():
+    """Chapter 10's example: 70e9 parameters over t = 8 (8.75e9 per rank), D = 32 at 50 GB/s,
+    65,536 tokens per rank at 400 TFLOP/s. DDP sends 2 q N (D-1)/D = 33.90625e9 B: 0.678125 s
+    against 4 N T / R = 5.7344 s; T* = (D-1)/D R / beta = 7,750 tokens; TP's h* = q (t-1) R /
+    (9 beta) = 2,074 at 300 GB/s."""
+    rows = W.overlap_report().data["rows"]
+    assert rows["ddp"]["comm_s"] == pytest.approx(0.678125, rel=1e-12)
+    assert rows["ddp"]["compute_s"] == pytest.approx(5.7344, rel=1e-12)
+    assert rows["ddp"]["break_even"] == pytest.approx(7750, rel=1e-12)
+    assert rows["zero3"]["comm_s"] == pytest.approx(1.5 * 0.678125, rel=1e-12)
+    assert rows["tp"]["break_even"] == pytest.approx(2 * 7 * 4e14 / (9 * 3e11), rel=1e-12)
+    assert rows["pp"]["comm_s"] == 0 and rows["pp"]["bound"] == "compute"  # p = 1: no boundary
+    # below T* every data-parallel layout is communication-bound, with the difference exposed
+    low = W.overlap_report(tokens=2048).data["rows"]
+    assert all(low[k]["bound"] == "communication" for k in ("ddp", "zero1", "zero2", "zero3"))
+    assert low["ddp"]["exposed_s"] == pytest.approx(
+        low["ddp"]["comm_s"] - low["ddp"]["compute_s"], rel=1e-12
+    )
+    html = W.render_overlap(tokens=2048)
+    assert "Communication-bound at these sizes: DDP" in html and svgs(html)
+    box = W.overlap_calculator()  # accounting's sentence, written with the field's label
+    box.controls["dp"].value = 0
+    assert is_error(box.output.value) and "D (data-parallel ranks) = 0 must be" in box.output.value

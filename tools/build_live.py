@@ -7,7 +7,9 @@ Run by ``make book-build`` before ``jupyter-book build``::
 Writes ``DEST/shardlab-live/`` (an ``html_static_path`` of ``_config.yml``, so Sphinx copies
 it to ``_build/html/_static/shardlab-live/``):
 
-* ``shardlab-live.js`` — the page script (``tools/live/shardlab-live.js``);
+* ``shardlab-live.js`` — the page script (``tools/live/shardlab-live.js``), and the files every
+  page loads (``PAGE_FILES``: accessible button names, calculator CSS, the require.js path of
+  the widget fonts, the favicon);
 * ``pyodide/`` — the Pyodide runtime from the npm package ``pyodide@PYODIDE_VERSION``
   (``pyodide.mjs``, ``pyodide.asm.mjs``, ``pyodide.asm.wasm``, ``python_stdlib.zip``),
   the wheels listed in ``tools/live/requirements-pyodide.txt`` (downloaded from PyPI for
@@ -43,6 +45,8 @@ PYODIDE_PYTHON = "3.14"
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip")
 REQUIREMENTS = ROOT / "tools" / "live" / "requirements-pyodide.txt"
 PAGE_SCRIPT = ROOT / "tools" / "live" / "shardlab-live.js"
+# also served from _static/shardlab-live/ (tools/sphinx_shardlab_live.py, _config.yml)
+PAGE_FILES = ("shardlab-page.js", "shardlab-live.css", "require-config.js", "favicon.svg")
 ZIP_DATE = (2026, 1, 1, 0, 0, 0)
 _REQ = re.compile(r"^([A-Za-z0-9_.-]+)==(\S+)\s+--hash=sha256:([0-9a-f]{64})\s*$")
 
@@ -205,6 +209,8 @@ def write_if_changed(path: Path, data: bytes) -> bool:
 def build(dest: Path, cache: Path) -> dict[str, bytes]:
     cache.mkdir(parents=True, exist_ok=True)
     out: dict[str, bytes] = {"shardlab-live.js": PAGE_SCRIPT.read_bytes()}
+    for name in PAGE_FILES:
+        out[name] = (PAGE_SCRIPT.parent / name).read_bytes()
     with tarfile.open(fetch_pyodide(cache)) as tf:
         for name in PYODIDE_FILES:
             out[f"pyodide/{name}"] = tf.extractfile(f"package/{name}").read()

@@ -22,30 +22,30 @@ Install Chromium once with ``apt-get update && apt-get install -y chromium``.
 
 How the offline widget path was verified (repeat after changing the widget set-up):
 
-1. Make a throwaway book outside the repository with its configuration and JavaScript
-   (run from the repository; ``REPO`` is its root)::
+1. From the checkout's root, make a throwaway book in ``_build/wbook/`` (ignored by git) with
+   the book's configuration and JavaScript::
 
-       REPO=$(git rev-parse --show-toplevel)
-       mkdir -p /tmp/wbook/book && cd /tmp/wbook
-       cp $REPO/_config.yml . && cp $REPO/book/references.bib book/
-       cp -r $REPO/book/_widgets_js book/          # made by `make widget-js`
-       printf 'format: jb-book\\nroot: book/widget_test\\n' > _toc.yml
+       mkdir -p _build/wbook/book
+       cp _config.yml _build/wbook/ && cp book/references.bib _build/wbook/book/
+       cp -r book/_widgets_js _build/wbook/book/          # made by `make widget-js`
+       printf 'format: jb-book\\nroot: book/widget_test\\n' > _build/wbook/_toc.yml
 
-2. Write ``book/widget_test.ipynb`` with one code cell
+2. Write ``_build/wbook/book/widget_test.ipynb`` with one code cell
    ``w.VBox([w.IntSlider(value=7, description='D'), w.HTML('<b>...</b>')])`` and store it
    executed with its widget state::
 
-       $REPO/.venv/bin/python $REPO/tools/execute_notebooks.py book/widget_test.ipynb
+       .venv/bin/python tools/execute_notebooks.py _build/wbook/book/widget_test.ipynb
 
 3. Build it and take the picture with the network off::
 
-       $REPO/.venv/bin/jupyter-book build . --all -W --keep-going
-       $REPO/.venv/bin/python $REPO/tools/screenshot.py book/widget_test.html \\
-           --html-dir _build/html -o /tmp/wbook/widget_test.png --dom /tmp/wbook/dom.html
+       .venv/bin/jupyter-book build _build/wbook --all -W --keep-going
+       .venv/bin/python tools/screenshot.py book/widget_test.html \\
+           --html-dir _build/wbook/_build/html -o shots/widget_test.png \\
+           --dom shots/widget_test.dom.html
 
 4. Look at the PNG: the slider (at 7, labelled D) and the HTML table must be drawn, and the
-   math rendered by the local MathJax. ``grep -c widget-slider /tmp/wbook/dom.html`` is
-   non-zero. Then ``rm -rf /tmp/wbook``.
+   math rendered by the local MathJax. ``grep -c widget-slider shots/widget_test.dom.html``
+   is non-zero. Then ``rm -rf _build/wbook``.
 """
 
 from __future__ import annotations

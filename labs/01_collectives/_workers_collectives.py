@@ -10,8 +10,6 @@ Inputs are deterministic: rank ``r`` draws its tensor from a generator seeded by
 
 from __future__ import annotations
 
-import traceback
-
 import collectives as C
 import torch
 import torch.distributed as dist
@@ -58,13 +56,24 @@ def _compare(got: torch.Tensor, want: torch.Tensor) -> str:
 
 
 def _run(fn, *args, **kwargs) -> tuple[str, object]:
-    """Run one check; an exception becomes its message so other checks still run."""
+    """Run one check. A function still missing (``NotImplementedError``, raised the same way
+    on every rank before any message) becomes its message, so the other checks still run.
+    Any other exception is re-raised with the case named: a rank that failed mid-ring leaves
+    its peers waiting for its messages, so going on would only hang the run; the launcher
+    ends it with this rank's message and traceback instead."""
     try:
         return "", fn(*args, **kwargs)
     except NotImplementedError as exc:
         return f"NotImplementedError: {exc}", None
-    except Exception as exc:  # noqa: BLE001 - report any student error as text
-        return f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}", None
+    except Exception as exc:
+        x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        case = f" on a {x.dtype} tensor of shape {tuple(x.shape)}" if x is not None else ""
+        if hasattr(exc, "add_note"):  # Python 3.11+: shown under the traceback
+            exc.add_note(
+                f"(lab 01 check: {getattr(fn, '__name__', fn)}{case}, rank {dist.get_rank()} "
+                f"of {dist.get_world_size()})"
+            )
+        raise
 
 
 def _p2p_only(records) -> list[str]:
@@ -73,9 +82,13 @@ def _p2p_only(records) -> list[str]:
 
 
 def check_collectives(
-    sizes, dtype: str = "float32", seed: int = 0, trace: bool = True
+    sizes, dtype: str = "float32", seed: int = 0, trace: bool = True, keep: bool = False
 ) -> list[dict]:
-    """Check ring reduce-scatter, all-gather and all-reduce on every size; one dict per size."""
+    """Check ring reduce-scatter, all-gather and all-reduce on every size; one dict per size.
+
+    ``keep``: also return the results themselves (``case["values"]``: ``rs``, ``ag``, ``ar``),
+    which the tests hand to the grader to compare with the reference solution's
+    (``shardlab.grading.outside``)."""
     torch.manual_seed(seed)
     rank, world = dist.get_rank(), dist.get_world_size()
     out = []
@@ -154,6 +167,8 @@ def check_collectives(
         if not err and not torch.equal(x, x_before):
             err = "ring_all_reduce modified its input"
         case["ar"] = err
+        if keep:
+            case["values"] = {"rs": shard, "ag": gathered, "ar": total}
         if tr is not None:
             case["sent_bytes"] = int(tr.sent_bytes())
             case["ops"] = _p2p_only(tr.records)
@@ -182,9 +197,9 @@ def check_subgroup(members: list[int], sizes, dtype: str = "float64", seed: int 
     return errors
 
 
-def check_dtypes(dtypes: list[str], sizes, seed: int = 5) -> list[list[dict]]:
+def check_dtypes(dtypes: list[str], sizes, seed: int = 5, keep: bool = False) -> list[list[dict]]:
     """:func:`check_collectives` for every dtype in one launch (one list per dtype)."""
-    return [check_collectives(sizes, dt, seed, trace=False) for dt in dtypes]
+    return [check_collectives(sizes, dt, seed, trace=False, keep=keep) for dt in dtypes]
 
 
 def a2a_splits(world: int, seed: int = 0, max_rows: int = 5) -> list[list[int]]:
@@ -197,8 +212,9 @@ def a2a_splits(world: int, seed: int = 0, max_rows: int = 5) -> list[list[int]]:
     return splits.tolist()
 
 
-def check_all_to_all(seeds=(0, 1, 2), width: int = 3) -> list[dict]:
-    """Student ``all_to_all`` against ``dist.all_to_all_single`` with uneven splits, traced."""
+def check_all_to_all(seeds=(0, 1, 2), width: int = 3, keep: bool = False) -> list[dict]:
+    """Student ``all_to_all`` against ``dist.all_to_all_single`` with uneven splits, traced
+    (``keep``: with the result itself as ``"got"``)."""
     from shardlab.runtime import CommTrace
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -231,11 +247,35 @@ def check_all_to_all(seeds=(0, 1, 2), width: int = 3) -> list[dict]:
                 "expected_bytes": sum(n for d, n in enumerate(ins) if d != rank) * row,
                 "ops": _p2p_only(tr.records),
                 "n_records": len(tr.records),
+                **({"got": got} if keep else {}),
             }
         )
     return out
 
 
-def check_collectives_and_all_to_all(sizes, dtype: str = "float32", seed: int = 0) -> dict:
+def check_collectives_and_all_to_all(
+    sizes, dtype: str = "float32", seed: int = 0, keep: bool = False
+) -> dict:
     """:func:`check_collectives` and :func:`check_all_to_all` in one launch."""
-    return {"rings": check_collectives(sizes, dtype, seed, True), "a2a": check_all_to_all()}
+    return {
+        "rings": check_collectives(sizes, dtype, seed, True, keep),
+        "a2a": check_all_to_all(keep=keep),
+    }
+
+
+# ---------------------------------------------------------------------------- caller side
+
+
+def verdict(per_rank, key: str) -> str:
+    """One line on check ``key`` (``"rs"``, ``"ag"``, ``"ar"``) over every rank and size of a
+    :func:`check_collectives` launch: ``✓ 27 cases``, the first failure, or ``not run yet``
+    when there is no case at all (a verdict over nothing is not a pass)."""
+    cases = [c for ranks in per_rank for c in ranks if key in c]
+    if not cases:
+        return "not run yet"
+    bad = [
+        f"rank {c['rank']} numel={c['numel']}: {c[key].splitlines()[0]}" for c in cases if c[key]
+    ]
+    if not bad:
+        return f"✓ {len(cases)} cases"
+    return f"✗ {len(bad)} of {len(cases)} cases failed, first: {bad[0]}"

@@ -28,9 +28,9 @@ import json
 import math
 import os
 import statistics
-import time
 
 from shardlab.accounting import comm as acc
+from shardlab.testing import interleaved_times
 
 #: message sizes in bytes (full tensor V): 1 KiB ... 4 MiB, one per power of two
 DEFAULT_SIZES = [2**k for k in range(10, 23)]
@@ -67,15 +67,8 @@ def sweep_worker(
         medians = []
         for nbytes in sizes:
             x = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
-            times = []
-            for i in range(warmup + reps):
-                dist.barrier()
-                sync()
-                t0 = time.perf_counter()
-                ops[name](x)
-                sync()
-                if i >= warmup:
-                    times.append(time.perf_counter() - t0)
+            call = {name: lambda op=ops[name], x=x: op(x)}
+            times = interleaved_times(call, reps, warmup, sync)[name]
             medians.append(statistics.median(times))
         out[name] = medians
     out["group_size"] = dist.get_world_size()
@@ -138,6 +131,50 @@ def fit_alpha_beta(
         "predicted": pred,
         "rel_rms_error": rel,
     }
+
+
+POOR_FIT = 0.2  # rms relative error above which the line does not describe the times
+
+
+def fit_warning(fit: dict, ranks: int, cores: int, load: float | None = None) -> str:
+    """A sentence on why a fit is poor (rms relative error above :data:`POOR_FIT`), or ``""``.
+
+    ``ranks``: processes that were timed; ``cores``: CPU cores they could use; ``load``: the
+    1-minute load average during the run (``os.getloadavg()[0]``), when known. The reasons
+    named are the ones this lab meets: ranks sharing the cores with this notebook's process
+    and other programs (small messages then wait for a core, far above the line), small
+    messages far slower than the line (a fixed cost per call that is not per round), and too
+    few sizes for two parameters.
+    """
+    err = fit["rel_rms_error"]
+    if err <= POOR_FIT:
+        return ""
+    reasons = []
+    if load is not None and load > cores - 0.5:
+        reasons.append(
+            f"the machine was busy (load average {load:.1f} on {cores} cores): a rank that "
+            "waits for a core adds milliseconds that are not communication"
+        )
+    elif ranks + 1 > cores:
+        reasons.append(
+            f"{ranks} ranks and this notebook's process share {cores} cores, so a rank often "
+            "waits for a core"
+        )
+    small = [
+        (t - p) / p for v, t, p in zip(fit["sizes"], fit["seconds"], fit["predicted"]) if v <= 16384
+    ]
+    if small and max(small) > 0.5:
+        reasons.append(
+            f"messages up to 16 KiB take up to {1 + max(small):.1f}x the line's time (a fixed "
+            "cost per call, Python and thread wake-ups, that the per-round α does not model)"
+        )
+    if len(fit["sizes"]) < 6:
+        reasons.append(f"only {len(fit['sizes'])} sizes for two parameters")
+    why = "; ".join(reasons) or "the times are noisy"
+    return (
+        f"poor fit: rms relative error {err:.0%} (above {POOR_FIT:.0%}), so read α and β as rough "
+        f"— {why}. Rerun on an idle machine (more repetitions help) before comparing."
+    )
 
 
 def save_fit(fit: dict, path: str | os.PathLike[str], **extra) -> str:

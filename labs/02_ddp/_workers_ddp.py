@@ -7,8 +7,6 @@ them per rank; ``lm_loss``; AdamW and SGD).
 
 from __future__ import annotations
 
-import traceback
-
 import torch
 import torch.distributed as dist
 from ddp import DDP
@@ -22,6 +20,7 @@ from shardlab.models import (
     train_step,
 )
 from shardlab.models import predicted_step_peak as predicted_peak  # noqa: F401 (tests, notebook)
+from shardlab.runtime.cases import stub_or_raise
 from torch import nn
 
 STEPS = 3
@@ -93,10 +92,10 @@ def correctness(cases=None, torch_cases=(("plain", "adamw"),)) -> dict:
     torch.set_num_threads(1)
     out: dict = {"runs": {}, "torch": {}, "ref": {}}
     for name, kind, opt, bucket, m in cases or CASES:
-        try:
-            out["runs"][name] = train_ddp(kind, opt, bucket, m)
-        except Exception:  # report per case so one bug does not hide the others
-            out["runs"][name] = traceback.format_exc()
+        # a stub is reported per case so it does not hide the others; any other error ends
+        # the run with this rank's traceback (its peers may be waiting for its messages)
+        out["runs"][name] = stub_or_raise(train_ddp, kind, opt, bucket, m, case=name)
+        if isinstance(out["runs"][name], str):
             dist.barrier()
         if dist.get_rank() == 0:
             out["ref"][name] = reference(kind, opt)

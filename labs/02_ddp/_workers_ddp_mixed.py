@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import traceback
-
 import torch
 import torch.distributed as dist
 from ddp import DDP
 from ddp_mixed import MasterAdamW
 from shardlab.models import lm_loss, rank_slice, split_microbatches, step_batch, tiny_gpt
+from shardlab.runtime.cases import stub_or_raise
 
 STEPS = 8
 # recipe name (accounting.memory.RECIPES) -> dtype of AdamW's moments
@@ -112,13 +111,6 @@ def torch_reference(steps: int, kind: str = "plain") -> dict:
     return {"losses": losses, "weights": torch.cat([p.detach().reshape(-1) for p in ps])}
 
 
-def _try(fn, *args, **kw):
-    try:
-        return fn(*args, **kw)
-    except Exception:  # report per case so one bug does not hide the others
-        return traceback.format_exc()
-
-
 def suite(kind: str = "plain", steps: int = STEPS) -> dict:
     """Both recipes on every rank; rank 0 adds one process (whole batch, and D microbatches
     accumulated in bf16) per recipe and the plain-PyTorch 16-byte run."""
@@ -126,10 +118,12 @@ def suite(kind: str = "plain", steps: int = STEPS) -> dict:
     D = dist.get_world_size()
     out: dict = {"ddp": {}, "single": {}, "single_accum": {}, "torch": None}
     for recipe in RECIPES:
-        out["ddp"][recipe] = _try(train, recipe, kind, steps, None)
+        out["ddp"][recipe] = stub_or_raise(train, recipe, kind, steps, None)
         if dist.get_rank() == 0:
-            out["single"][recipe] = _try(train, recipe, kind, steps, None, ddp=False)
-            out["single_accum"][recipe] = _try(train, recipe, kind, steps, None, D, ddp=False)
+            out["single"][recipe] = stub_or_raise(train, recipe, kind, steps, None, ddp=False)
+            out["single_accum"][recipe] = stub_or_raise(
+                train, recipe, kind, steps, None, D, ddp=False
+            )
     if dist.get_rank() == 0:
-        out["torch"] = _try(torch_reference, steps, kind)
+        out["torch"] = stub_or_raise(torch_reference, steps, kind)
     return out

@@ -3,13 +3,12 @@ trajectory against a single-process run of the same recipe (importable by name).
 
 from __future__ import annotations
 
-import traceback
-
 import torch
 import torch.distributed as dist
 from mixed_precision import RECIPES, MixedPrecisionConfig, MixedPrecisionDP
 from shardlab.accounting import memory
 from shardlab.models import lm_loss, rank_slice, split_microbatches, step_batch, tiny_gpt
+from shardlab.testing import stub_or_raise
 
 STEPS = 8
 LAYOUTS = memory.LAYOUTS
@@ -111,13 +110,6 @@ def torch_reference(kind: str, steps: int) -> dict:
     }
 
 
-def _try(fn, *args):
-    try:
-        return fn(*args)
-    except Exception:  # report per case so one bug does not hide the others
-        return traceback.format_exc()
-
-
 def suite(kind: str = "plain", steps: int = STEPS, layouts=LAYOUTS, recipes=RECIPES) -> dict:
     """Every layout x recipe on all ranks; rank 0 adds the single-process runs of each recipe
     (the same class on a 1-rank group: the whole batch in one backward, and in D microbatches)
@@ -126,14 +118,18 @@ def suite(kind: str = "plain", steps: int = STEPS, layouts=LAYOUTS, recipes=RECI
     world = dist.group.WORLD
     solo = dist.new_group([0])  # every rank takes part in creating it; only rank 0 uses it
     out: dict = {"runs": {}, "single": {}, "single_accum": {}, "torch": None}
+    # stub_or_raise: a stub (NotImplementedError) is reported per case, any other error ends
+    # the run with this rank's traceback
     for recipe in recipes:
         for layout in layouts:
-            out["runs"][f"{layout}/{recipe}"] = _try(train, layout, recipe, kind, steps, world)
+            out["runs"][f"{layout}/{recipe}"] = stub_or_raise(
+                train, layout, recipe, kind, steps, world
+            )
         if dist.get_rank() == 0:  # whole batch in one backward, and in D microbatches
-            out["single"][recipe] = _try(train, "ddp", recipe, kind, steps, solo)
-            out["single_accum"][recipe] = _try(
+            out["single"][recipe] = stub_or_raise(train, "ddp", recipe, kind, steps, solo)
+            out["single_accum"][recipe] = stub_or_raise(
                 train, "ddp", recipe, kind, steps, solo, dist.get_world_size()
             )
     if dist.get_rank() == 0:
-        out["torch"] = _try(torch_reference, kind, steps)
+        out["torch"] = stub_or_raise(torch_reference, kind, steps)
     return out

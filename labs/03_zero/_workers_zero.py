@@ -7,7 +7,7 @@ global batches, ``rank_slice`` of them per rank; ``lm_loss``; AdamW and SGD).
 
 from __future__ import annotations
 
-import traceback
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -21,6 +21,7 @@ from shardlab.models import (
     train_step,
 )
 from shardlab.models import predicted_step_peak as predicted_peak  # noqa: F401 (tests, notebook)
+from shardlab.testing import stub_or_raise
 from torch import nn
 from zero1 import ShardedOptimizer
 from zero2 import ZeRO2
@@ -121,24 +122,19 @@ ZERO2_CASES = [
 ]
 
 
-def _try(fn, *args):
-    try:
-        return fn(*args)
-    except Exception:  # report per case so one bug does not hide the others
-        return traceback.format_exc()
-
-
 def correctness(zero1_cases=None, zero2_cases=None, torch_cases=(("plain", "adamw"),)) -> dict:
     """Every case on every rank; rank 0 adds the single-process references."""
     torch.set_num_threads(1)
     rank0 = dist.get_rank() == 0
     out: dict = {"zero1": {}, "zero2": {}, "ref1": {}, "ref2": {}, "torch": {}}
+    # stub_or_raise: a stub (NotImplementedError) is reported per case, any other error ends
+    # the run with this rank's traceback
     for name, kind, opt, groups in ZERO1_CASES if zero1_cases is None else zero1_cases:
-        out["zero1"][name] = _try(train_zero1, kind, opt, groups)
+        out["zero1"][name] = stub_or_raise(train_zero1, kind, opt, groups)
         if rank0:
             out["ref1"][name] = reference(kind, opt, groups)
     for name, kind, opt, bucket, m in ZERO2_CASES if zero2_cases is None else zero2_cases:
-        out["zero2"][name] = _try(train_zero2, kind, opt, bucket, m)
+        out["zero2"][name] = stub_or_raise(train_zero2, kind, opt, bucket, m)
         if rank0:
             out["ref2"][name] = reference(kind, opt, microbatches=m)
     for kind, opt in torch_cases:
@@ -196,14 +192,16 @@ def measure(kind: str = "plain", bucket_size_mb: float = 0.001, microbatches: in
             **_moments(o.optim),
         },
     }
-    with CommTrace() as tr:  # accumulate locally, reduce once in step()
-        o.zero_grad()
-        for c in chunks:
-            (lm_loss(model, *c) / len(chunks)).backward()
-        o.step()
-    out["zero1"]["accum_sent_sync=False"] = tr.sent_bytes()
-    out["zero1"]["accum_wire_sync=False"] = tr.wire_bytes()
-    out["zero1"]["accum_backend_sync=False"] = tr.backend_bytes()
+    for sync in (True, False):  # no_sync() until the last microbatch: reduce once
+        with CommTrace() as tr:
+            o.zero_grad()
+            for i, c in enumerate(chunks):
+                with o.no_sync() if not sync and i < len(chunks) - 1 else contextlib.nullcontext():
+                    (lm_loss(model, *c) / len(chunks)).backward()
+            o.step()
+        out["zero1"][f"accum_sent_sync={sync}"] = tr.sent_bytes()
+        out["zero1"][f"accum_wire_sync={sync}"] = tr.wire_bytes()
+        out["zero1"][f"accum_backend_sync={sync}"] = tr.backend_bytes()
 
     # ZeRO-2
     model = tiny_gpt(kind)
@@ -214,6 +212,7 @@ def measure(kind: str = "plain", bucket_size_mb: float = 0.001, microbatches: in
         full_grads_after_backward = _bytes(p.grad for p in model.parameters())
         z.finish_gradient_synchronization()
         z.step()
+        z.wait_for_weights()  # the all-gathers run on: keep their bytes in this window
     out["zero2"] = {
         "n_params": sum(b.numel for b in z.buckets),
         "padded_numel": z.padded_numel,
@@ -242,6 +241,7 @@ def measure(kind: str = "plain", bucket_size_mb: float = 0.001, microbatches: in
                     (lm_loss(z, *c) / len(chunks)).backward()
                     z.finish_gradient_synchronization()
             z.step()
+            z.wait_for_weights()
         out["zero2"][f"accum_sent_sync={sync}"] = tr.sent_bytes()
         out["zero2"][f"accum_wire_sync={sync}"] = tr.wire_bytes()
         out["zero2"][f"accum_backend_sync={sync}"] = tr.backend_bytes()

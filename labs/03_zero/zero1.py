@@ -9,17 +9,26 @@ owned once.
 Layout. The weights and the gradients each live in one flat buffer laid out owner by owner,
 each owner's segment padded to the largest segment ``S``: parameters are views of the
 weight buffer, and a post-accumulate-grad hook makes ``param.grad`` a view of the gradient
-buffer (copied in once per step; later microbatches accumulate in place, so gradient
-accumulation communicates once per update).
+buffer (copied in once per step; later microbatches accumulate in place).
 
-Collectives, all in ``step()``, chunk by chunk (``bucket_size_mb``), so the temporaries are
-bucket-sized, never ``D S``. For each piece ``[lo, hi)`` of the segments:
+Collectives, chunk by chunk (``bucket_size_mb``), so the temporaries are bucket-sized, never
+``D S``. For each piece ``[lo, hi)`` of the segments:
 
-1. ``reduce_scatter`` of the ``(D, c)`` gradient pieces (sum, then ``/ D``) into the
-   owner's own segment: each owner gets the average gradient of what it steps;
-2. the owner steps its local optimizer;
+1. ``reduce_scatter`` of the ``(D, c)`` gradient pieces (sum) into the owner's own segment,
+   started asynchronously by the gradient hooks as soon as every gradient in the piece is
+   final, so it overlaps the rest of backward (as DDP overlaps its all-reduce; pieces go out
+   last first, in the same order on every rank, at most ``max_in_flight`` at once). The other
+   owners' pieces are zeroed once sent, so a later backward accumulates only what is new; the
+   end of backward waits for the last ones. Under ``no_sync()`` nothing is sent and the
+   gradients accumulate locally: gradient accumulation communicates once per update, on the
+   last microbatch (or in ``step()`` if every backward ran under ``no_sync()``);
+2. ``step()`` divides the own segment by ``D`` (the average) and steps the local optimizer;
 3. ``all_gather`` of the owners' ``(c,)`` weight pieces, copied into every segment: every
    rank holds the same model again.
+
+gloo runs a reduce-scatter as an all-reduce of a copy of its input (``accounting.wire``); an
+in-place all-reduce plus a local slice moves the same wire bytes and measured no faster at
+25 MB (benchmark_zero.py), so the lab keeps the collective the book's formula counts.
 
 Bytes. Sent per rank per step: ``2 q (D S) (D-1)/D``, i.e.
 :func:`shardlab.accounting.comm.step_volume` ``("zero1", D*S, D, q)``; ``D S - N`` is the
@@ -35,6 +44,9 @@ gradients too) is :mod:`zero2`.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -65,12 +77,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
         optimizer_cls: type[torch.optim.Optimizer],
         group=None,
         bucket_size_mb: float = 25.0,
+        max_in_flight: int = 2,
         **kwargs,
     ):
         if not bucket_size_mb > 0:
             raise ValueError(f"bucket_size_mb={bucket_size_mb!r} must be > 0")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight={max_in_flight!r} must be >= 1")
         super().__init__(params, defaults=kwargs)
         self.bucket_size_mb = bucket_size_mb
+        self.max_in_flight = max_in_flight
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -106,7 +122,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
         p0 = self.params[0] if self.params else None
         self.flat_weights = self.flat_grads = None
         self._grad_views: dict[int, torch.Tensor] = {}
+        self.require_sync = True
+        self._inflight: list = []  # (work, send buffer) of started reduce-scatters
+        self._reduced = self._dirty = self._queued = False
         if p0 is not None:
+            # Which chunks each tensor touches; a chunk goes out once all of its tensors are final.
+            chunks = self._chunks()
+            self._chunks_of = [
+                [k for k, (lo, hi) in enumerate(chunks) if lo < off + p.numel() and off < hi]
+                for p, off in zip(self.params, self.offsets)
+            ]
+            self._count = [sum(k in ks for ks in self._chunks_of) for k in range(len(chunks))]
+            self._index = {id(p): i for i, p in enumerate(self.params)}
+            self._new_round()
             self.flat_weights = self._flat(p0.dtype, p0.device)  # (D*S,)
             self.flat_grads = self._flat(p0.dtype, p0.device)  # (D*S,)
             for p, sl in zip(self.params, self._slices()):
@@ -130,13 +158,73 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for p, o, off in zip(self.params, self.owners, self.offsets)
         ]
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate locally and send nothing (as DDP's ``no_sync``)."""
+        previous, self.require_sync = self.require_sync, False
+        try:
+            yield
+        finally:
+            self.require_sync = previous
+
+    def _new_round(self) -> None:
+        self._remaining = list(self._count)  # tensors of each chunk not yet final
+        self._next = len(self._count) - 1  # chunks go out last first, like backward
+
     @torch.no_grad()
     def _to_flat(self, p: torch.Tensor) -> None:
-        """Gradient as bucket view: move ``p.grad`` into the flat buffer once per step."""
+        """Gradient as bucket view (moved into the flat buffer once per step); when syncing,
+        start every chunk whose gradients are now all final."""
         view = self._grad_views[id(p)]
         if p.grad.data_ptr() != view.data_ptr():
             view.copy_(p.grad)
             p.grad = view  # later backward passes accumulate in place
+        if not self.require_sync:
+            self._dirty = True
+            return
+        if not self._queued:  # once per backward: finish the round when backward ends
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        for k in self._chunks_of[self._index[id(p)]]:
+            self._remaining[k] -= 1
+        while self._next >= 0 and self._remaining[self._next] == 0:
+            self._launch(self._next)
+            self._next -= 1
+
+    def _launch(self, k: int) -> None:
+        """Start chunk ``k``'s reduce-scatter of the ``(D, c)`` pieces into the own segment."""
+        D, S, r = self.world_size, self.segment, self.rank
+        lo, hi = self._chunks()[k]
+        # BEGIN SOLUTION hint: copy the (D, c) pieces, zero the other rows, async reduce_scatter_single into own row
+        grads = self.flat_grads.view(D, S)  # row o = owner o's segment
+        send = torch.empty(D * (hi - lo), dtype=grads.dtype, device=grads.device)  # (D*c,)
+        send.view(D, -1).copy_(grads[:, lo:hi])  # a copy (<= one bucket), never a view
+        others = [o for o in range(D) if o != r]
+        grads[others, lo:hi] = 0  # sent: a later backward accumulates only the new part
+        work = dist.reduce_scatter_single(
+            grads[r, lo:hi], send, op=dist.ReduceOp.SUM, group=self.group, async_op=True
+        )  # the own row gets the sum (its old value is in send)
+        self._inflight.append((work, send))
+        # Free finished sends; wait for the oldest only when too many are in flight.
+        while self._inflight and (
+            len(self._inflight) > self.max_in_flight or self._inflight[0][0].is_completed()
+        ):
+            self._inflight.pop(0)[0].wait()
+        # END SOLUTION
+
+    @torch.no_grad()
+    def _end_backward(self) -> None:
+        """Send the chunks still waiting (some tensor got no gradient), then wait for all."""
+        for p, sl in zip(self.params, self._slices()):
+            if p.grad is None:  # unused this step: send zeros, not last step's values
+                self.flat_grads[sl].zero_()
+        while self._next >= 0:
+            self._launch(self._next)
+            self._next -= 1
+        while self._inflight:  # before the next backward accumulates into the own rows
+            self._inflight.pop(0)[0].wait()
+        self._new_round()
+        self._queued, self._reduced, self._dirty = False, True, False  # all sent
 
     @property
     def padded_numel(self) -> int:
@@ -155,18 +243,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if not self.params:
             return loss
         D, S, r = self.world_size, self.segment, self.rank
-        # BEGIN SOLUTION hint: per chunk of the segment: reduce_scatter (D, c) grads -> (c,), /D, into own segment
-        for p, sl in zip(self.params, self._slices()):
-            if p.grad is None:  # unused this step: send zeros, not last step's values
-                self.flat_grads[sl].zero_()
-        grads = self.flat_grads.view(D, S)  # row o = owner o's segment
-        for lo, hi in self._chunks():
-            send = grads[:, lo:hi].reshape(-1)  # (D*c,) temporary, <= one bucket
-            mine = torch.empty(hi - lo, dtype=send.dtype, device=send.device)
-            dist.reduce_scatter_single(mine, send, op=dist.ReduceOp.SUM, group=self.group)
-            grads[r, lo:hi].copy_(mine.div_(D))  # owned p.grad views see the average
-            del send, mine
-        # END SOLUTION
+        if self._dirty or not self._reduced:  # every backward ran under no_sync(): reduce now
+            self._end_backward()
+        self.flat_grads.view(D, S)[r].div_(D)  # owned p.grad views see the average
         # BEGIN SOLUTION hint: copy hyperparameters from self.param_groups, then step the local optimizer
         if self.optim is not None:
             for outer, local in zip(self.param_groups, self.optim.param_groups):
@@ -183,6 +262,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             weights[:, lo:hi].copy_(recv.view(D, -1))
             del recv
         # END SOLUTION
+        self._reduced = self._dirty = False
         return loss
 
     def state_dict(self):

@@ -13,12 +13,17 @@ Collectives:
    start equal);
 2. during backward, as soon as all gradients of a bucket are final they are copied into a
    flat buffer, ``param.grad`` is released (``None``), and an asynchronous
-   ``reduce_scatter`` sends each rank its shard of the average. When a bucket is launched,
-   the one before it is waited for and its full-size buffer freed, so at most two bucket
-   buffers exist at once; under ``no_sync()`` nothing is sent and full local gradients
-   accumulate instead;
-3. ``step()`` runs the optimizer on the shards and ``all_gather``s the buckets one after
-   another (one shard-size temporary at a time).
+   ``reduce_scatter`` sends each rank its shard of the average, overlapping the rest of
+   backward (as DDP overlaps its all-reduce). A bucket whose reduce-scatter has finished is
+   completed (its full-size buffer freed) at the next launch; only when more than
+   ``max_in_flight`` buckets are in flight does a launch wait for the oldest, which bounds
+   the full-size buffers alive at once. Under ``no_sync()`` nothing is sent and full local
+   gradients accumulate instead;
+3. ``step()`` runs the optimizer on the shards and starts an asynchronous, in-place
+   ``all_gather`` per bucket (in forward order); a forward pre-hook on each module waits for
+   its parameters' bucket just before their first use, so the all-gathers overlap the next
+   forward. ``state_dict()`` and the next ``step()`` wait too; anything else that reads the
+   weights between ``step()`` and the next forward calls :meth:`ZeRO2.wait_for_weights`.
 
 Bytes. Sent per rank per step: :func:`shardlab.accounting.comm.step_volume`
 ``("zero2", N_pad, D, q)`` with ``N_pad`` the padded element count (:attr:`ZeRO2.padded_numel`);
@@ -68,10 +73,13 @@ def make_buckets(params: list[nn.Parameter], bucket_bytes: float) -> list[list[n
 @dataclass(frozen=True)
 class ZeRO2Config:
     bucket_size_mb: float = 25.0
+    max_in_flight: int = 2  # reduce-scatters (full-size bucket buffers) before a launch waits
 
     def __post_init__(self) -> None:
         if not self.bucket_size_mb > 0:
             raise ValueError(f"bucket_size_mb={self.bucket_size_mb!r} must be > 0")
+        if self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight={self.max_in_flight!r} must be >= 1")
 
 
 class _FlatBucket:
@@ -98,7 +106,13 @@ class _FlatBucket:
         # the first reduce-scatter of a step writes straight into it.
         self.grad_shard = torch.zeros(self.shard_numel, dtype=p0.dtype, device=p0.device)
         self.index = {id(p): i for i, p in enumerate(params)}
+        self.gather = None  # the async all-gather of the weights started by step()
         self.reset()
+
+    def wait_gather(self) -> None:
+        if self.gather is not None:
+            self.gather.wait()
+            self.gather = None
 
     def reset(self) -> None:
         self.grad_buffer: torch.Tensor | None = None  # (padded,) only while reducing
@@ -116,10 +130,11 @@ class ZeRO2(nn.Module):
         optimizer_cls: type[torch.optim.Optimizer],
         bucket_size_mb: float = 25.0,
         group: dist.ProcessGroup | None = None,
+        max_in_flight: int = 2,
         **kwargs,
     ) -> None:
         super().__init__()
-        self.config = ZeRO2Config(bucket_size_mb)
+        self.config = ZeRO2Config(bucket_size_mb, max_in_flight)
         self.module = module
         self.group = group
         self.world_size = dist.get_world_size(group)
@@ -139,6 +154,24 @@ class ZeRO2(nn.Module):
         self._inflight: list[_FlatBucket] = []  # launched, not yet waited for
         for p in params:
             p.register_post_accumulate_grad_hook(self._hook)
+        # Wait for a module's all-gathered weights just before its forward first uses them.
+        for m in module.modules():
+            mine = [
+                self._bucket_of[id(p)]
+                for p in m.parameters(recurse=False)
+                if id(p) in self._bucket_of
+            ]
+            if mine:
+                m.register_forward_pre_hook(lambda *_, bs=tuple(set(mine)): self._wait(bs))
+        module.register_state_dict_pre_hook(lambda *_: self.wait_for_weights())
+
+    def _wait(self, buckets) -> None:
+        for b in buckets:
+            b.wait_gather()
+
+    def wait_for_weights(self) -> None:
+        """Finish every all-gather that :meth:`step` started (weights final on every rank)."""
+        self._wait(self.buckets)
 
     @property
     def padded_numel(self) -> int:
@@ -181,7 +214,11 @@ class ZeRO2(nn.Module):
             b.out, b.grad_buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True
         )
         self._inflight.append(b)
-        while len(self._inflight) > 1:  # overlap one bucket, free the older buffer
+        # Free the buffers of finished reduce-scatters; wait only when too many are in flight.
+        while self._inflight and (
+            len(self._inflight) > self.config.max_in_flight
+            or self._inflight[0].handle.is_completed()
+        ):
             self._complete(self._inflight.pop(0))
         # END SOLUTION
 
@@ -210,11 +247,15 @@ class ZeRO2(nn.Module):
 
     @torch.no_grad()
     def step(self) -> None:
-        """Optimizer step on the shards, then all-gather every bucket's weights."""
-        # BEGIN SOLUTION hint: optimizer.step(); per bucket all_gather_single(b.weights, b.shard copy)
+        """Optimizer step on the shards, then start every bucket's all-gather (async)."""
+        self.wait_for_weights()  # the previous step's gathers read the shards we update
+        # BEGIN SOLUTION hint: optimizer.step(); per bucket, last first: b.gather = async all_gather_single(b.weights, b.shard)
         self.optimizer.step()
-        for b in self.buckets:  # one at a time: one shard-size copy alive, not all of them
-            dist.all_gather_single(b.weights, b.shard.detach().clone(), group=self.group)
+        for b in reversed(self.buckets):  # forward order: the last bucket holds the first layers
+            # In place: the input is this rank's slice of the output (as FSDP's flat params).
+            b.gather = dist.all_gather_single(
+                b.weights, b.shard.detach(), group=self.group, async_op=True
+            )
         # END SOLUTION
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -16,14 +16,20 @@ import time
 import checkpoint as ckpt
 import torch
 import torch.distributed as dist
-from _workers_fsdp import ZERO_GRAD_PARAM, accumulate, make_batches, make_model
+from _workers_fsdp import LR, ZERO_GRAD_PARAM, accumulate, make_batches, make_model
 from fsdp import FSDP
 from fsdp_units import all_gather_into_tensor
 from shardlab.accounting import checkpoint as acc
 from shardlab.models import lm_loss, make_optimizer, rank_slice
+from shardlab.testing import ulps
 
 TOTAL = 4  # training steps of every run
 STATES = ("exp_avg", "exp_avg_sq")  # AdamW's per-element state
+# Bounds of a resharded continuation against one that stayed on the old world size (derived in
+# test_checkpoint.py; the chapter prints its verdicts against the same numbers): ulps at the
+# tensor's scale, and the absolute difference of the zero-gradient key bias.
+SCALE_ULPS = 4
+ZERO_GRAD_TOL = LR["adamw"] / 100
 
 
 def fresh(kind: str = "plain", **cfg) -> tuple[FSDP, torch.optim.Optimizer]:
@@ -145,16 +151,6 @@ def reference_continue(state: dict, step: int, world: int) -> dict:
         opt.step()
         opt.zero_grad()
     return {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
-
-
-def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Largest distance in units in the last place between two fp32 tensors (0: bitwise)."""
-
-    def ordered(t):  # fp32 bits as integers that increase with the value
-        i = t.contiguous().view(torch.int32).to(torch.int64)
-        return torch.where(i < 0, -(2**31) - i, i)
-
-    return int((ordered(a) - ordered(b)).abs().max())
 
 
 def scale_ulps(a: torch.Tensor, b: torch.Tensor) -> float:

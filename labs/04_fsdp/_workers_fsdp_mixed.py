@@ -15,13 +15,12 @@ Two ways to hold the 16 bytes per parameter at ZeRO-3, both measured against
 
 from __future__ import annotations
 
-import traceback
-
 import torch
 import torch.distributed as dist
 from _workers_fsdp import make_batches, make_model
 from fsdp import FSDP, FSDPConfig
 from shardlab.models import lm_loss, rank_slice, split_microbatches
+from shardlab.testing import stub_or_raise
 
 STEPS = 8
 BF16 = torch.bfloat16
@@ -125,20 +124,16 @@ def torch_reference(kind: str, steps: int, microbatches: int = 1) -> dict:
     return {"losses": losses, "weights": names}
 
 
-def _try(fn, *args):
-    try:
-        return fn(*args)
-    except Exception:  # report per case so one bug does not hide the others
-        return traceback.format_exc()
-
-
 def suite(kind: str = "plain", steps: int = STEPS) -> dict:
     """Both splits on every rank; rank 0 adds the plain-PyTorch run, whole batch and D
     microbatches accumulated in bf16."""
     torch.set_num_threads(1)
     world, D = dist.group.WORLD, dist.get_world_size()
-    out = {split: _try(train, split, kind, steps, world) for split in ("lecture", "fsdp2")}
+    # a stub (NotImplementedError) is reported per case so it does not hide the others; any
+    # other error ends the run with this rank's traceback
+    out = {split: stub_or_raise(train, split, kind, steps, world)
+           for split in ("lecture", "fsdp2")}
     if dist.get_rank() == 0:
-        out["single"] = _try(torch_reference, kind, steps)
-        out["single_accum"] = _try(torch_reference, kind, steps, D)
+        out["single"] = stub_or_raise(torch_reference, kind, steps)
+        out["single_accum"] = stub_or_raise(torch_reference, kind, steps, D)
     return out

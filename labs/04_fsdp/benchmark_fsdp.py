@@ -2,11 +2,15 @@
 
     python benchmark_fsdp.py [--ranks 2] [--steps 10] [--d-model 64] [--layers 4]
     python benchmark_fsdp.py --size 25m --ranks 2 4 [--steps 5]
+    python benchmark_fsdp.py --hsdp [--size 25m]     # HSDP on 4 ranks, 2 x 2, vs FSDP2
 
 All three wrap one unit per block plus the root, train the same model on the same data, and
 are measured in the same processes: median step time (forward + backward + gradient
 synchronisation + AdamW) and the peak of live tensor bytes of one step (MemoryTrace). Ratios
-are from scratch / FSDP2 (below 1.0: ours is faster or smaller). Sizes: ``fast`` (default,
+are from scratch / FSDP2 (below 1.0: ours is faster or smaller). The same launch times a
+*compute floor* (the whole model on each rank, its batch slice, plain AdamW, no collective)
+and prints each side's step over it: above 1.0 by what communication leaves exposed (FSDP
+also re-gathers what a replica keeps, so its floor is a bound, not a target). Sizes: ``fast`` (default,
 ``--d-model``/``--layers``, 0.2 M parameters with the defaults; ``make test`` and the lab
 notebook use it) and ``25m`` (d_model 512, 8 blocks: 25.2 M parameters, 101 MB of fp32
 weights, four 25 MB buckets' worth, every block 12.6 MB), where the collectives move
@@ -23,6 +27,13 @@ MemoryTrace does not see: the CPU allocator's own count (``torch.profiler``,
 units and 0.08-0.20 MB for FSDP2 at the fast size. FSDP2's trace peak itself varies by run
 (2.49-2.57 MB at the fast size) with the timing of frees; the per-parameter mode frees its
 collective buffers with ``resize_``, so its peak does not depend on when gloo lets go.
+
+``--hsdp``: our ``FSDP(..., replicate_group=...)`` against FSDP2 ``fully_shard`` on the same
+2-D DeviceMesh ``("replicate", "shard") = (2, 2)`` (4 ranks, one launch): median step, peak of
+live bytes, and the ring-model bytes per rank sent on each axis next to
+``accounting.hierarchical.hsdp_step_volume``. Ours equals the formula; FSDP2's shard axis is
+lower by one all-gather of the root (it keeps the root gathered from forward to backward) and
+both axes carry its per-parameter padding (each parameter's dim 0 padded to a multiple of S).
 """
 
 from __future__ import annotations
@@ -53,6 +64,29 @@ def print_table(res: dict, size: str, ranks: int, batch: int, steps: int) -> Non
         r = res[name]
         ratios = f"{r['ratio_time']:14.2f}{r['ratio_peak']:14.3f}" if name != "fsdp2" else ""
         print(f"{name:10}{r['step_s'] * 1e3:10.2f}{r['peak_bytes']:14,d}{ratios}")
+    floor = res["floor"]["step_s"]
+    print(f"compute floor (the whole model on each rank, no communication): {floor * 1e3:.2f} ms;"
+          " step / floor: " + ", ".join(f"{n} {res[n]['over_floor']:.2f}" for n in MODES))
+
+
+def run_hsdp(steps: int, batch: int, cfg: dict) -> dict:
+    from shardlab.runtime import launch
+
+    return launch("_workers_fsdp_hsdp:benchmark", 4, steps=steps, batch=batch, **cfg,
+                  quiet=True, timeout=600)[0]  # fmt: skip
+
+
+def print_hsdp(res: dict, size: str, batch: int, steps: int) -> None:
+    R, S = res["mesh"]
+    print(f"HSDP size {size} {res['model']}: {res['N']:,} parameters, {R} x {S} mesh "
+          f"(replicate x shard), batch {batch}, median of {steps} steps")  # fmt: skip
+    print(f"{'':10}{'step ms':>10}{'peak bytes':>14}{'shard-axis B':>14}{'replicate B':>13}")
+    for name in ("predicted", "ours", "fsdp2"):
+        r = res[name]
+        head = f"{'':10}{'':14}" if name == "predicted" else (
+            f"{r['step_s'] * 1e3:10.2f}{r['peak_bytes']:14,d}")  # fmt: skip
+        print(f"{name:10}{head}{r['shard']:14,.0f}{r['replicate']:13,.0f}")
+    print(f"ours / FSDP2: time {res['ratio_time']:.2f}, peak {res['ratio_peak']:.3f}")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -63,7 +97,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--hsdp", action="store_true", help="HSDP 2 x 2 on 4 ranks vs FSDP2")
     a = ap.parse_args(argv)
+    if a.hsdp:
+        cfg = SIZES.get(a.size, {"d_model": a.d_model, "n_layer": a.layers})
+        steps = a.steps or (10 if a.size == "fast" else 5)
+        res = run_hsdp(steps, a.batch, cfg)
+        print_hsdp(res, a.size, a.batch, steps)
+        return res
     for r in a.ranks:
         if r < 1 or a.batch % r:
             raise ValueError(f"--ranks {r} must be >= 1 and divide --batch {a.batch}")

@@ -30,6 +30,14 @@ Mixed precision (``compute_dtype`` bf16/fp16): shards are cast before the all-ga
 gather and compute run in the low dtype; gradients are reduce-scattered in ``reduce_dtype``
 (fp32 by default) and the optimizer updates fp32 master shards.
 
+HSDP (``replicate_group`` given): the collectives above run inside the shard ``group`` (one
+replica of ``D`` ranks, state ``model_state(N_padded, D, "zero3", ...)`` per rank), and
+:meth:`FSDP.finish_gradient_synchronization` all-reduces every averaged gradient shard across
+the ``R`` replicas once per step: ``2 q (N_padded / D) (R-1)/R`` more bytes per rank
+(``accounting.hierarchical.hsdp_step_volume(N_padded, D, R, q, ...)``, by mesh axis).
+PyTorch: FSDP2 ``fully_shard(module, mesh=<2-D DeviceMesh ("replicate", "shard")>)``, FSDP1
+``ShardingStrategy.HYBRID_SHARD``; both all-reduce per unit right after its reduce-scatter.
+
 In production: PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``) shards each parameter
 as a DTensor, overlaps with separate CUDA streams and keeps the root gathered after forward.
 """
@@ -90,7 +98,9 @@ class Unit:
     flats: list[FlatParam]
 
 
-def build_units(module: nn.Module, group: dist.ProcessGroup, cfg: FSDPConfig) -> list[Unit]:
+def build_units(
+    module: nn.Module, group: dist.ProcessGroup, cfg: FSDPConfig, replicate=None
+) -> list[Unit]:
     """Cut ``module`` into units (root first, then policy matches in module order)."""
     names = [""] + [n for n, m in module.named_modules() if n and cfg.unit_policy(n, m)]
     owner_of: dict[int, tuple[int, str]] = {}  # id(param) -> (unit index, first name)
@@ -111,7 +121,9 @@ def build_units(module: nn.Module, group: dist.ProcessGroup, cfg: FSDPConfig) ->
     units = []
     for name, plist in zip(names, params):
         groups = [[x for x in plist.values() if x[0].requires_grad is rg] for rg in (True, False)]
-        flats = [FlatParam(g, group, cfg.compute_dtype, cfg.reduce_dtype) for g in groups if g]
+        flats = [
+            FlatParam(g, group, cfg.compute_dtype, cfg.reduce_dtype, replicate) for g in groups if g
+        ]
         if flats:
             units.append(Unit(name or "root", module.get_submodule(name), flats))
     return units
@@ -133,16 +145,25 @@ class AllGatherBeforeBackward(torch.autograd.Function):
 
 
 class FSDP(nn.Module):
-    """Fully sharded data parallel wrapper; ``.module`` is the wrapped model."""
+    """Fully sharded data parallel wrapper; ``.module`` is the wrapped model.
+
+    ``group``: the ranks that shard the state. ``replicate_group`` (HSDP, optional): the ranks
+    holding the same shard in the other replicas (one per replica, this rank's mesh column).
+    """
 
     def __init__(
-        self, module: nn.Module, group: dist.ProcessGroup, config: FSDPConfig | None = None
+        self,
+        module: nn.Module,
+        group: dist.ProcessGroup,
+        config: FSDPConfig | None = None,
+        replicate_group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
         self.config = config or FSDPConfig()
         self.group, self.world = group, group.size()
+        self.replicate_group = replicate_group
         self.module = module
-        self.units = build_units(module, group, self.config)
+        self.units = build_units(module, group, self.config, replicate_group)
         # the shards are this wrapper's only parameters (what the optimizer gets)
         self.shards = nn.ParameterDict(
             {f"{u.name.replace('.', '_')}_{i}": f.shard for u in self.units for i, f in
@@ -228,12 +249,17 @@ class FSDP(nn.Module):
                 f.free()
 
     def finish_gradient_synchronization(self) -> None:
-        """Wait for the reduce-scatters; afterwards each shard's ``.grad`` is the mean gradient."""
+        """Wait for the reduce-scatters (HSDP: then all-reduce across the replicas); afterwards
+        each shard's ``.grad`` is the mean gradient over every rank."""
         self._in_flight = []
         for u in self.units:
             for f in u.flats:
                 f.drain()
                 f.free()
+        if self.replicate_group is not None:  # after the last reduce-scatter, once per step
+            for u in self.units:
+                for f in u.flats:
+                    f.reduce_replicas()
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -14,6 +14,11 @@ Collectives issued here (``D`` ranks, ``q`` bytes per element of the dtype sent)
 ``all_gather_into_tensor`` of the shard (sends ``q * padded * (D-1)/D`` per rank) and
 ``reduce_scatter_tensor`` of the padded gradient (same count); see
 ``shardlab.accounting.comm.ring_sent_bytes``.
+
+HSDP (a ``replicate`` group of ``R`` ranks holding the same shard): the shard group above is
+one replica's ``D`` ranks; after the step's last reduce-scatter :meth:`FlatParam.reduce_replicas`
+all-reduces the averaged gradient shard across the replicas (``2 q (padded/D) (R-1)/R`` bytes,
+``shardlab.accounting.hierarchical.hsdp_step_volume``) and divides it by ``R``.
 """
 
 from __future__ import annotations
@@ -54,8 +59,12 @@ class FlatParam:
         group: dist.ProcessGroup,
         compute_dtype: torch.dtype,
         reduce_dtype: torch.dtype,
+        replicate: dist.ProcessGroup | None = None,
     ) -> None:
         self.group, self.world, self.rank = group, group.size(), group.rank()
+        self.replicate = replicate  # HSDP: the ranks that hold this same shard (None: FSDP)
+        self.replicas = replicate.size() if replicate is not None else 1
+        self._replica_pending = False  # a reduced shard.grad not yet all-reduced across replicas
         self.compute_dtype, self.reduce_dtype = compute_dtype, reduce_dtype
         self.requires_grad = params[0][0].requires_grad
         self.slots, offset = [], 0
@@ -66,13 +75,15 @@ class FlatParam:
         self.padded = padded_numel(offset, self.world)
         self.shard_numel = self.padded // self.world
         self.param_dtype = params[0][0].dtype  # dtype of the stored shard (fp32 unless cast)
-        # BEGIN SOLUTION hint: flatten the params into one vector of self.param_dtype padded to self.padded, copy rank 0's values everywhere, keep this rank's slice as nn.Parameter self.shard
+        # BEGIN SOLUTION hint: flatten the params into one vector of self.param_dtype padded to self.padded, copy rank 0's values everywhere (HSDP: replica 0's too), keep this rank's slice as nn.Parameter self.shard
         flat = torch.zeros(
             self.padded, dtype=self.param_dtype, device=params[0][0].device
         )  # (padded,)
         flat[: self.numel] = torch.cat([p.detach().reshape(-1) for p, _ in params])
         # every rank must start from the same weights: take rank 0's
         dist.broadcast(flat, group=group, group_src=0)
+        if replicate is not None:  # HSDP: and every replica from replica 0
+            dist.broadcast(flat, group=replicate, group_src=0)
         lo = self.rank * self.shard_numel
         self.shard = nn.Parameter(flat[lo : lo + self.shard_numel].clone(), self.requires_grad)
         # END SOLUTION
@@ -164,6 +175,7 @@ class FlatParam:
         """Wait for the pending reduce-scatter; average by D into ``shard.grad`` (shard dtype)."""
         if self._rs is None:
             return
+        self._replica_pending = self.replicate is not None
         # BEGIN SOLUTION hint: wait, divide the summed shard by D, cast to the shard's dtype and add it to shard.grad (or set it)
         work, out, _ = self._rs
         work.wait()
@@ -173,6 +185,17 @@ class FlatParam:
             self.shard.grad = out
         else:
             self.shard.grad += out
+        # END SOLUTION
+
+    def reduce_replicas(self) -> None:
+        """HSDP, once per step after :meth:`drain`: average ``shard.grad`` across the replicas."""
+        if not self._replica_pending:
+            return
+        self._replica_pending = False
+        # BEGIN SOLUTION hint: all_reduce (SUM) shard.grad across self.replicate (one call: the whole shard), then divide it by self.replicas
+        # the shard is already the mean over this replica's D ranks: sum the R means, / R
+        dist.all_reduce(self.shard.grad, group=self.replicate)
+        self.shard.grad.div_(self.replicas)
         # END SOLUTION
 
     def full_params(self) -> dict[str, torch.Tensor]:

@@ -26,13 +26,10 @@ import shutil
 import checkpoint as ckpt
 import pytest
 import torch
-from _workers_checkpoint import STATES, TOTAL, ulp_report
-from _workers_fsdp import LR
+from _workers_checkpoint import SCALE_ULPS, STATES, TOTAL, ZERO_GRAD_TOL, ulp_report
 from shardlab.accounting import checkpoint as acc
 from shardlab.runtime import launch
 
-SCALE_ULPS = 4
-ZERO_GRAD_TOL = LR["adamw"] / 100
 SAVE_AT = 2
 
 

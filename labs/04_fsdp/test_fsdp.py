@@ -22,6 +22,7 @@ import torch
 from _workers_fsdp import LR
 from fsdp import FSDPConfig, blocks_policy, build_units
 from fsdp_units import padded_numel
+from shardlab.grading.outside import record
 from shardlab.runtime import launch
 from torch import nn
 
@@ -65,12 +66,21 @@ def test_tied_params_across_units_raise():
         build_units(model, None, cfg)
 
 
+def _record_params(rep, what):
+    """The parameters after the steps of every run, to the grader: compared with the
+    reference solution's outside the sandbox (rubric ``[outside]``; a no-op elsewhere)."""
+    for (kind, opt), run in rep["runs"].items():
+        record(f"{what} {kind}-{opt} D{rep['world']}", run["params"])
+
+
 def test_bitwise_equal_to_split_reference_on_2_ranks(report2):
+    _record_params(report2, "params")
     for key, run in report2["runs"].items():
         assert run["split"]["bitwise"], (key, run["split"])
 
 
 def test_close_to_full_batch(report2, report4):
+    _record_params(report4, "params")
     for rep in (report2, report4):
         for (kind, opt), run in rep["runs"].items():
             full = run["full"]
@@ -83,6 +93,8 @@ def test_close_to_full_batch(report2, report4):
 
 
 def test_units_tied_and_frozen(report2):
+    for (kind, opt), run in report2["runs"].items():
+        record(f"units {kind}-{opt}", [run[k] for k in ("units", "root_params", "n_flats")])
     plain = report2["runs"][("plain", "adamw")]
     assert plain["units"] == ["root", "blocks.0", "blocks.1"]
     tied = report2["runs"][("tied", "adamw")]
@@ -97,11 +109,13 @@ def test_reshard_and_prefetch_do_not_change_results(report2):
 
 def test_mixed_precision_matches_same_casts(report2):
     mixed = report2["mixed"]["torch.bfloat16"]
+    record("params bf16 D2", mixed["params"])
     assert mixed["split"]["bitwise"], mixed  # tolerance 0 on 2 ranks: same casts, same sums
     assert mixed["full_fp32"]["max_abs"] > 0  # bf16 compute really differs from fp32
 
 
 def test_grads_have_param_shape_and_dtype(report2):
+    record("grads", [[list(a), str(b), list(c), str(d)] for a, b, c, d in report2["grads"]])
     for gshape, gdtype, pshape, pdtype in report2["grads"]:
         assert gshape == pshape and gdtype == pdtype == torch.float32
 
@@ -110,12 +124,15 @@ def test_model_state_bytes_equal_accounting(report2, report4):
     assert report4["state"]["padding"] > 0  # 4 ranks: a block is not divisible by 4
     for rep in (report2, report4):
         st = rep["state"]
+        record(f"state D{rep['world']}", {k: st[k] for k in sorted(st) if k.startswith("meas")})
         assert st["measured_bytes"] == st["predicted_bytes"], st
         assert st["measured_gathered_left"] == 0, st  # no gathered copy survives a step
 
 
 def test_sent_bytes_per_step_equal_formula(report2, report4):
     for rep in (report2, report4):
+        sent = [[row["measured_bytes"], row["all_gathers"]] for row in rep["comm"]]
+        record(f"comm D{rep['world']}", sent)
         for row in rep["comm"]:
             assert row["measured_bytes"] == row["predicted_bytes"], row
         on, off = rep["comm"]

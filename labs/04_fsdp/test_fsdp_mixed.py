@@ -11,7 +11,7 @@ Bit for bit: ranks agree; on 2 ranks the bf16 reduce-scatter adds two numbers an
 and /2 is exact, which is what one process computes accumulating the two half-batch gradients
 of ``loss / 2`` in bf16, stepping fp32 masters with ``torch.optim.AdamW``: equal bitwise.
 Against one process with the whole batch in one backward: 4 fp32 ulps at step 0, then
-rtol 2**-11 (derivation in labs/03_zero/test_mixed_precision.py; measured 8.4e-5 relative).
+rtol 2**-11 (``LOSS_RTOL``; derivation in labs/03_zero/test_mixed_precision.py).
 """
 
 from __future__ import annotations

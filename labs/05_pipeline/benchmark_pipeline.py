@@ -9,7 +9,10 @@ the same processes, alternating step by step: ours executes ``accounting.pipelin
 schedule(kind, p, m, v)``, PyTorch runs ``PipelineStage`` with ``ScheduleGPipe`` /
 ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` (v = 2) / ``ScheduleInterleavedZeroBubble``
 with one stage per rank (v = 1: its action order is exactly ours, ZB-H1, checked in the
-run). Both sides share the processes, so the same thread count, core binding and glibc
+run) / ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV`` on the same V of two stages per
+rank (their orders are exactly ours, checked; DualPipe-V's overlapped F/B pairs run one after
+the other on both sides: PyTorch's runtime does so without an overlap callback). ``--kinds``
+picks a subset. Both sides share the processes, so the same thread count, core binding and glibc
 heap settings (``_workers_pipeline._timing_rank``) apply to both. Printed per run: the loss
 and gradient difference, the median step time (forward + backward of m microbatches, no
 optimizer), the peak of live tensor bytes of one step
@@ -48,17 +51,19 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1")
+KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")
 
 
-def step_times(ranks: int, m: int, steps: int, repeats: int) -> list[list[dict]]:
+def step_times(
+    ranks: int, m: int, steps: int, repeats: int, kinds: tuple[str, ...] = KINDS
+) -> list[list[dict]]:
     """``repeats`` launches of the side-by-side benchmark; prints every run and the medians."""
     from shardlab.runtime import launch
 
     runs = []
     for i in range(repeats):
         rows = launch(
-            "_workers_pipeline:benchmark_all", ranks, KINDS, m=m, steps=steps, quiet=True,
+            "_workers_pipeline:benchmark_all", ranks, kinds, m=m, steps=steps, quiet=True,
             timeout=600,
         )[0]  # fmt: skip
         runs.append(rows)
@@ -76,7 +81,7 @@ def step_times(ranks: int, m: int, steps: int, repeats: int) -> list[list[dict]]
                 f"{r['loss_diff']:10.1e}{r['grad_max_abs_diff']:10.1e}"
             )
     print(f"\ntime ratio ours / PyTorch over {repeats} runs: median (min-max)")
-    for j, kind in enumerate(KINDS):
+    for j, kind in enumerate(kinds):
         ratios = [run[j]["ours_s"] / run[j]["torch_s"] for run in runs]
         print(
             f"{kind:12}{statistics.median(ratios):6.2f}  ({min(ratios):.2f}-{max(ratios):.2f})  "
@@ -107,9 +112,9 @@ def bubble(ranks: list[int], repeats: int, m: int = 8, mb_size: int = 8, steps: 
             idle = statistics.median(a["idle"] for a in runs)
             a = runs[0]
             f_ms = "/".join(f"{c['F'] * 1e3:.1f}" for c in a["cpu_costs"])
-            bk = "BI" if key[0] == "zb-h1" else "B"
             fs = statistics.median(x["cpu_spread"]["F"] for x in runs)
-            bs = statistics.median(x["cpu_spread"][bk] for x in runs)
+            # zb-h1: stage 0 runs its whole backward in BW (nothing waits for its BI): no B spread
+            bs = statistics.median(x["cpu_spread"].get("B", float("nan")) for x in runs)
             sim = statistics.median(x["sim_idle"] for x in runs)
             closed = statistics.median(x["closed_idle"] for x in runs)
             lo, hi = min(x["idle"] for x in runs), max(x["idle"] for x in runs)
@@ -156,10 +161,11 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bubble", action="store_true", help="measure the balanced-stage bubble")
     ap.add_argument("--mb-size", type=int, default=8, help="sequences per microbatch (--bubble)")
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     a = ap.parse_args(argv)
     if a.bubble:
         return bubble(a.ranks or [2, 4], a.repeats, a.microbatches, a.mb_size, a.steps or 10)
-    return step_times((a.ranks or [2])[0], a.microbatches, a.steps or 12, a.repeats)
+    return step_times((a.ranks or [2])[0], a.microbatches, a.steps or 12, a.repeats, tuple(a.kinds))
 
 
 if __name__ == "__main__":

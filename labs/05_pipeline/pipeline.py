@@ -3,13 +3,16 @@
 What is sharded: the *layers*. ``n_layer`` blocks are cut into ``p v`` contiguous virtual
 stages (:func:`split_stages`); rank ``r`` of ``p`` owns virtual stages ``c p + r`` for
 ``c = 0..v-1`` (``v = 1`` except for the interleaved schedule), with the embeddings on virtual
-stage 0 and the final LayerNorm, the LM head and the loss on the last one. Nothing is
-replicated: every parameter lives on exactly one rank, with its gradient and optimizer state.
+stage 0 and the final LayerNorm, the LM head and the loss on the last one. The V schedules
+(``zbv``, ``dualpipev``, ``v = 2``) place chunk 0 = stage ``r`` and chunk 1 = stage ``2p-1-r``
+on rank ``r`` instead (``accounting.pipeline.virtual_stage``): rank 0 holds both ends of the
+model, rank ``p-1`` the V's tip, stages ``p-1`` and ``p``. Nothing is replicated: every parameter lives on exactly one rank, with its gradient and optimizer state.
 
 Which communication runs: point-to-point only. Per microbatch, every virtual stage but the last
 ``isend``\\s its ``(b, s, h)`` output to the rank owning the next one (forward), and every
 virtual stage but the first sends the gradient of its input back (backward); the receiving
-rank ``irecv``\\s it just before the action that needs it. Each message is tagged with
+rank ``irecv``\\s it just before the action that needs it. A message between two chunks of one
+rank (the V's tip) is handed over in memory, nothing is sent. Each message is tagged with
 (direction, microbatch, virtual stage), so two messages between the same pair of ranks can
 never be confused (with interleaving, activations and gradients travel between the same two
 ranks in both directions). Bytes per step: ``accounting.pipeline.p2p_sent_bytes``, i.e.
@@ -18,14 +21,25 @@ ranks in both directions). Bytes per step: ``accounting.pipeline.p2p_sent_bytes`
 The order: :class:`PipelineExecutor` runs *exactly* the action list
 ``accounting.pipeline.schedule(kind, p, m, v)[rank]`` -- ``F`` (forward), ``B`` (backward),
 and for zero bubble ``BI`` (gradient w.r.t. the stage input only, sent upstream at once) and
-``BW`` (weight gradients, deferred; the autograd graph and the gradients of every
-weight-owning layer's output stay alive until it runs). Gradients accumulate over the ``m``
+``BW`` (weight gradients, deferred). ``BI`` runs autograd without keeping the graph: every
+tensor autograd saved is freed on the way down, except what the weight gradients read, each
+weight-owning layer's input (kept by the forward hook) and, computed by ``BI``, the gradient
+of its output; ``BW`` turns those into ``.grad`` with the kernels autograd itself runs
+(:func:`weight_grads`), so the numbers are bitwise autograd's. Between ``BI`` and ``BW`` a
+microbatch holds ``accounting.pipeline.inflight_bytes``' ``kept_bytes`` instead of all its
+saved activations. On virtual stage 0 no stage waits for an input gradient: its ``BI`` only
+keeps the output gradient and ``BW`` runs the whole backward there (as PyTorch's
+``stage_backward_input`` does nothing for a stage whose inputs need no gradient), so nothing
+is held twice (``kept_bytes`` = all its saved activations). DualPipe-V's overlapped
+forward-backward pairs run as the two actions ``F`` then ``B``, without overlap (as PyTorch's
+runtime runs them when no overlap callback is registered). Gradients accumulate over the ``m``
 microbatches; each microbatch's loss is divided by ``m``, so the sum is the mean over the
 global batch.
 
 What PyTorch uses in production: ``torch.distributed.pipelining`` (``PipelineStage`` plus
 ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
-``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroBubble``); see ``benchmark_pipeline.py``.
+``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``); see
+``benchmark_pipeline.py``.
 """
 
 from __future__ import annotations
@@ -44,7 +58,7 @@ from torch import nn
 @dataclass(frozen=True)
 class PipeConfig:
     """A schedule ``kind`` (``accounting.pipeline.KINDS``) on ``p`` ranks, ``m`` microbatches,
-    ``v`` model chunks per rank (interleaved only)."""
+    ``v`` model chunks per rank (interleaved, or 2 for the V schedules zbv and dualpipev)."""
 
     kind: str
     p: int
@@ -121,19 +135,57 @@ def microbatch_loss(logits: torch.Tensor, targets: torch.Tensor, m: int) -> torc
     # END SOLUTION
 
 
+def weight_grads(mod: nn.Module, x: torch.Tensor, gy: torch.Tensor) -> list[torch.Tensor]:
+    """The gradients of ``mod``'s own parameters (in ``mod.parameters(recurse=False)`` order)
+    from its input ``x`` and the gradient ``gy`` of its output, computed by the same kernels,
+    on the same operands, as autograd's backward of the layer (so bitwise equal to it): a
+    ``Linear`` on ``(b, s, i)`` runs ``addmm`` (``mm`` without bias) on the flattened input,
+    whose backward is ``dW = dY^T X`` and ``db = sum dY`` over rows; ``LayerNorm`` runs
+    ``native_layer_norm_backward`` with the mean and reciprocal deviation of ``x`` (recomputed:
+    one normalisation, deterministic); ``Embedding`` runs ``embedding_backward``. Like
+    autograd's backward it records no graph (the weights require grad: a recorded graph would
+    hang off ``.grad`` and keep the recomputed statistics alive)."""
+    with torch.no_grad():
+        return _weight_grads(mod, x, gy)
+
+
+def _weight_grads(mod: nn.Module, x: torch.Tensor, gy: torch.Tensor) -> list[torch.Tensor]:
+    if isinstance(mod, nn.Linear):
+        x2, g2 = x.flatten(0, -2), gy.reshape(-1, gy.shape[-1])  # (b s, i), (b s, o)
+        gw = g2.t().mm(x2)  # autograd's mm_mat2_backward for the column-major weight.t()
+        return [gw] if mod.bias is None else [gw, g2.sum([0], keepdim=True).view(-1)]
+    if isinstance(mod, nn.LayerNorm):
+        shape, w, b = list(mod.normalized_shape), mod.weight, mod.bias
+        _, mean, rstd = torch.ops.aten.native_layer_norm(x, shape, w, b, mod.eps)
+        grads = torch.ops.aten.native_layer_norm_backward(
+            gy, x, shape, mean, rstd, w, b, [False, True, True]
+        )
+        return [grads[1], grads[2]]
+    if isinstance(mod, nn.Embedding):
+        pad = -1 if mod.padding_idx is None else mod.padding_idx
+        return [
+            torch.ops.aten.embedding_backward(
+                gy, x, mod.num_embeddings, pad, mod.scale_grad_by_freq, mod.sparse
+            )
+        ]
+    raise TypeError(f"weight_grads: no weight-gradient kernel for {type(mod).__name__}")
+
+
 @dataclass
 class _InFlight:
     """What one (microbatch, chunk) keeps between its forward and its (last) backward."""
 
     x: torch.Tensor | None  # the stage input (requires grad), None on virtual stage 0
-    out: torch.Tensor  # the stage output, or the scaled loss on the last virtual stage
-    captured: list[tuple[nn.Module, torch.Tensor]]  # weight-owning layer, its output
+    out: torch.Tensor | None  # the stage output, or the scaled loss on the last virtual stage
+    # weight-owning layer, its input and its output (BI drops the output: (layer, input))
+    captured: list[tuple]
     out_grads: list[torch.Tensor] = field(default_factory=list)  # filled by BI for BW
 
 
 class PipelineExecutor:
     """Run ``accounting.pipeline.schedule(cfg.kind, cfg.p, cfg.m, cfg.v)[rank]`` on ``chunks``
-    (this rank's ``v`` stages, chunk ``c`` = virtual stage ``c p + rank``).
+    (this rank's ``v`` stages, chunk ``c`` = virtual stage ``c p + rank``, or in a V chunk 0
+    = stage ``rank`` and chunk 1 = stage ``2p-1-rank``: ``accounting.pipeline.virtual_stage``).
 
     ``step(inputs, targets)`` takes the ``m`` microbatches (used on the first and last virtual
     stage only) and returns the summed loss on the rank that owns the last virtual stage
@@ -156,6 +208,7 @@ class PipelineExecutor:
         self.chunks, self.cfg, self.group = chunks, cfg, group
         self.rank = group.rank()
         self.n_virtual = cfg.p * cfg.v
+        self.placement = acc.placement(cfg.kind)  # "loop" or "v": which rank holds which stage
         self.actions = acc.schedule(cfg.kind, cfg.p, cfg.m, cfg.v)[self.rank]
         self.events: list[tuple[float, float, acc.Action]] = []
         self.stop_after: str | None = None  # fault injection: raise inside this action
@@ -168,12 +221,16 @@ class PipelineExecutor:
                     mod.register_forward_hook(self._hook)
 
     def _hook(self, mod, args, out):
-        if self._capture is not None:
-            self._capture.append((mod, out))
+        if self._capture is not None:  # the input, for the weight gradient; the output, for BI
+            self._capture.append((mod, args[0].detach(), out))
 
-    # -- addressing: virtual stage k lives on rank k % p
+    # -- addressing: virtual stage k lives on rank k % p (loop) or min(k, 2p-1-k) (V)
     def _vstage(self, a: acc.Action) -> int:
-        return a.chunk * self.cfg.p + self.rank
+        return acc.virtual_stage(self.rank, a.chunk, self.cfg.p, self.placement)
+
+    def _owner(self, k: int) -> int:
+        """The rank holding virtual stage ``k``."""
+        return acc.stage_rank(k, self.cfg.p, self.placement)
 
     def _tag(self, backward: bool, mb: int, k: int) -> int:
         # unique per message: direction, microbatch, receiving virtual stage
@@ -182,9 +239,9 @@ class PipelineExecutor:
     def _post_recv(self, backward: bool, mb: int, k: int) -> None:
         """Post the ``irecv`` of the message virtual stage ``k`` needs (once)."""
         key = (backward, mb, k)
-        if key in self._posted:
+        src = self._owner(k + 1 if backward else k - 1)
+        if key in self._posted or src == self.rank:  # posted already, or handed over in memory
             return
-        src = (k + 1 if backward else k - 1) % self.cfg.p
         dev = next(self.chunks[0].parameters()).device  # the stages' device (CPU or CUDA)
         buf = torch.empty(self._act_shape, dtype=self.dtype, device=dev)  # (b, s, h)
         # BEGIN SOLUTION hint: dist.irecv into buf from group rank src with tag self._tag(backward, mb, k); keep (work, buf) in self._posted[key]
@@ -193,6 +250,8 @@ class PipelineExecutor:
         # END SOLUTION
 
     def _recv(self, backward: bool, mb: int, k: int) -> torch.Tensor:
+        if (backward, mb, k) in self._local:  # from this rank's other chunk (a V's tip)
+            return self._local.pop((backward, mb, k))
         self._post_recv(backward, mb, k)
         work, buf = self._posted.pop((backward, mb, k))
         t = time.perf_counter()
@@ -211,9 +270,12 @@ class PipelineExecutor:
 
     def _send(self, t: torch.Tensor, backward: bool, mb: int, k: int) -> None:
         dest_k = k - 1 if backward else k + 1
-        # BEGIN SOLUTION hint: dist.isend to rank dest_k % p, tag self._tag(backward, mb, dest_k); keep the Work and the tensor in self._pending
+        if self._owner(dest_k) == self.rank:  # the next stage is this rank's other chunk
+            self._local[(backward, mb, dest_k)] = t
+            return
+        # BEGIN SOLUTION hint: dist.isend to rank self._owner(dest_k), tag self._tag(backward, mb, dest_k); keep the Work and the tensor in self._pending
         work = dist.isend(
-            t, group=self.group, group_dst=dest_k % self.cfg.p, tag=self._tag(backward, mb, dest_k)
+            t, group=self.group, group_dst=self._owner(dest_k), tag=self._tag(backward, mb, dest_k)
         )
         self._pending.append((work, t))  # t must stay alive until the send completes
         # END SOLUTION
@@ -227,8 +289,8 @@ class PipelineExecutor:
         else:
             x = self._recv(False, mb, k).requires_grad_()
             inp = x
-        # BEGIN SOLUTION hint: run the stage with self._capture = [] if self._split (the hook fills it); on the last virtual stage the output is microbatch_loss(...), add it to self._loss; else isend out.detach() forward; keep _InFlight(x, out, captured) in self._state[(mb, chunk)]
-        self._capture = [] if self._split else None  # BW needs the layers' outputs
+        # BEGIN SOLUTION hint: run the stage with self._capture = [] if self._split and k > 0 (the hook fills it; virtual stage 0 runs its whole backward in BW); on the last virtual stage the output is microbatch_loss(...), add it to self._loss; else isend out.detach() forward; keep _InFlight(x, out, captured) in self._state[(mb, chunk)]
+        self._capture = [] if self._split and k > 0 else None  # BW needs the layers' outputs
         out = stage(inp)  # (b, s, h), or (b, s, V) on the last virtual stage
         captured, self._capture = self._capture or [], None
         if k == self.n_virtual - 1:
@@ -258,24 +320,30 @@ class PipelineExecutor:
     def _backward_input(self, a: acc.Action) -> None:
         k, key = self._vstage(a), (a.microbatch, a.chunk)
         g = self._out_grad(a)
-        # BEGIN SOLUTION hint: torch.autograd.grad(st.out, [st.x] (if k > 0) + the captured outputs, g, retain_graph=True): send the input gradient upstream now, store the outputs' gradients in st.out_grads for BW
+        # BEGIN SOLUTION hint: on virtual stage 0 nobody waits for an input gradient: keep g in st.out_grads for BW; else torch.autograd.grad(st.out, [st.x] + the captured outputs, g) without retain_graph (the saved tensors are freed on the way): send the input gradient upstream now, store the outputs' gradients in st.out_grads for BW; then drop st.out and keep only (layer, input) in st.captured
         st = self._state[key]
-        wanted = ([st.x] if k > 0 else []) + [y for _, y in st.captured]
-        # no weight is among the inputs, so autograd skips every weight-gradient product
-        grads = torch.autograd.grad(st.out, wanted, g, retain_graph=True)
-        if k > 0:
-            self._send(grads[0], True, a.microbatch, k)  # upstream is unblocked at once
-            grads = grads[1:]
-        st.out_grads = list(grads)
+        if k == 0:  # no stage before this one: the whole backward waits for BW (PyTorch too)
+            st.out_grads = [g]
+            return
+        wanted = [st.x] + [y for _, _, y in st.captured]
+        # no weight is among the inputs, so autograd skips every weight-gradient product; the
+        # graph is not retained: what BW needs is the layers' inputs and these gradients
+        grads = torch.autograd.grad(st.out, wanted, g)
+        self._send(grads[0], True, a.microbatch, k)  # upstream is unblocked at once
+        st.out_grads = list(grads[1:])
+        st.out, st.captured = None, [(mod, xin) for mod, xin, _ in st.captured]
         # END SOLUTION
 
     def _backward_weight(self, a: acc.Action) -> None:
-        # BEGIN SOLUTION hint: pop the state; for each captured (layer, output) and its stored gradient, torch.autograd.grad(output, the layer's own parameters, grad) and add the result into p.grad (set it when None)
+        # BEGIN SOLUTION hint: pop the state; on virtual stage 0 run the whole backward, torch.autograd.backward(st.out, the stored g); else for each captured (layer, input) and its stored output gradient, weight_grads(layer, input, grad) gives the layer's own parameters' gradients: add each into p.grad (set it when None)
         st = self._state.pop((a.microbatch, a.chunk))
-        for (mod, y), gy in zip(st.captured, st.out_grads):
+        if self._vstage(a) == 0:  # BI left the whole backward of the first stage to BW
+            torch.autograd.backward(st.out, st.out_grads[0])
+            return
+        for (mod, xin), gy in zip(st.captured, st.out_grads):
             params = list(mod.parameters(recurse=False))
-            # from this layer's output to its own weights only: dW = dY^T X, db = sum dY
-            for p, gp in zip(params, torch.autograd.grad(y, params, gy, retain_graph=True)):
+            # from this layer's input and output gradient to its own weights: dW = dY^T X, ...
+            for p, gp in zip(params, weight_grads(mod, xin, gy)):
                 p.grad = gp if p.grad is None else p.grad.add_(gp)  # accumulate microbatches
         # END SOLUTION
 
@@ -290,6 +358,7 @@ class PipelineExecutor:
         self._state: dict[tuple[int, int], _InFlight] = {}
         self._pending: list = []
         self._posted: dict = {}
+        self._local: dict = {}  # messages between this rank's own chunks (a V's tip)
         self._loss = None
         self.events, self.cpu = [], []
         run = {

@@ -8,12 +8,11 @@ tensors (tests only: the model itself never gathers the logits).
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
 from shardlab.accounting import activations, comm
 from shardlab.runtime import CommTrace, MemoryTrace
+from shardlab.testing import interleaved_times
 from tensor import TPGroups
 from tensor_block import (
     ParallelBlock,
@@ -33,10 +32,10 @@ RUNS = [
     (False, "none", True), (False, "selective", True), (False, "full", True),
     (True, "none", True), (True, "selective", True), (True, "full", True),
     (True, "none", False),
-]  # fmt: skip
+]
 # the 4-rank public launch: with and without SP, each recompute mode once, both SP linears
 RUNS_SMALL = [(False, "none", True), (False, "full", True), (True, "selective", True),
-              (True, "none", False)]  # fmt: skip
+              (True, "none", False)]
 # activation modes: name -> (t or None for the group's t, sequence_parallel, recompute)
 MODES = {
     "none": (1, False, "none"),
@@ -123,7 +122,9 @@ def equality_rows(model: ModelConfig = MODEL, runs=RUNS) -> list[dict]:
             "logits": _maxdiff(logits, s_logits), "loss": abs(loss.item() - s_loss.item()),
             "grads": _maxdiff(grads[worst], s_grads[worst]), "worst_grad": worst,
             "grad_scale": max(g.abs().max().item() for g in s_grads.values()),
-        })  # fmt: skip
+            # what the grader compares with the reference solution's, outside the sandbox
+            "values": {"logits": logits.detach(), "loss": loss.detach(), "grads": dict(grads)},
+        })
     return rows
 
 
@@ -165,7 +166,7 @@ def comm_rows(model: ModelConfig = MODEL) -> list[dict]:
             "backward_bytes": tr.sent_bytes(phase="backward"),
             "measured_bytes": sent, "tp_volume": pred, "regather_bytes": extra,
             "ratio": (sent - extra) / pred,
-        })  # fmt: skip
+        })
     return rows
 
 
@@ -202,7 +203,7 @@ def activation_rows(model: ModelConfig = MODEL) -> list[dict]:
         rows.append({
             "mode": mode, "t": tt, "measured_per_layer": per_layer, "predicted": pred,
             "ratios": ratios, "worst_ratio": max(ratios, key=lambda r: abs(r - 1)),
-        })  # fmt: skip
+        })
     return rows
 
 
@@ -279,7 +280,7 @@ def dtensor_rows(model: ModelConfig = MODEL) -> list[dict]:
             "sp": sp, "output": _maxdiff(y1, y2), "input_grad": _maxdiff(x.grad, xd.grad),
             "weight_grads": max(_maxdiff(g_ours[n], g_theirs[n]) for n in g_theirs),
             "n_weight_grads": len(g_theirs),
-        })  # fmt: skip
+        })
     return rows
 
 
@@ -344,13 +345,8 @@ def benchmark(steps: int = 10, sp: bool = False, batch: int = 4, **model_kw) -> 
             step()
         res[name] = {"peak_bytes": mt.peak}
         steps_of[name] = step
-    times = {"ours": [], "dtensor": []}
-    for _ in range(steps):  # interleaved, so that load from other processes hits both alike
-        for name, fn in steps_of.items():
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
+    # interleaved, so that load from other processes hits both alike
+    times = interleaved_times(steps_of, steps)
     for name, ts in times.items():
         res[name]["step_s"] = sorted(ts)[len(ts) // 2]
     res["max_abs_output"] = _maxdiff(outs["ours"], outs["dtensor"])
@@ -411,7 +407,7 @@ def train_rows(model: ModelConfig = MODEL, steps: int = 3, lr: float = 0.5) -> l
         got = full_grads(pm, groups)
         want = dict(serial.named_parameters())
         rows.append({"sp": sp, "recompute": rc,
-                     "max_abs": max(_maxdiff(got[n], want[n].detach()) for n in want)})  # fmt: skip
+                     "max_abs": max(_maxdiff(got[n], want[n].detach()) for n in want)})
     return rows
 
 
@@ -419,7 +415,7 @@ def extra_checks() -> dict | None:
     """Hidden-test launch: DTensor, the loss's collectives, training steps, another model
     (no dropout, other sizes) for equality, bytes and saved activations."""
     other = ModelConfig(vocab=48, seq=8, h=24, a=2, ffn=40, layers=1, dropout=0.0,
-                        attn_dropout=0.0)  # fmt: skip
+                        attn_dropout=0.0)
     rep = {
         "dtensor": dtensor_rows(),
         "loss_comm": loss_comm(),
@@ -455,7 +451,7 @@ def operator_rows(b: int = 2, s: int = 8, h: int = 3) -> dict:
             T.scatter_seq, full, shard, lambda xs: sum(xs).chunk(t, 1)[r],
             lambda gs: torch.cat(gs, 1),
         ),
-    }  # fmt: skip
+    }
     out = {}
     for k, (name, (op, in_shape, g_shape, fwd, bwd)) in enumerate(cases.items()):
         try:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from shardlab.accounting.compute import ModelShape
 from torch import nn
 
 SITES = {"attn": 0, "attn_out": 1, "mlp_out": 2}  # where a layer draws dropout masks
@@ -48,6 +49,26 @@ class ModelConfig:
         for name in ("dropout", "attn_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be in [0, 1)")
+
+    @classmethod
+    def from_shape(
+        cls, shape: ModelShape, *, dropout: float = 0.0, attn_dropout: float = 0.0
+    ) -> ModelConfig:
+        """The lab's GPT of an ``accounting.compute.ModelShape`` (GPT-style, untied head;
+        anything else is a ``ValueError``); the dropout probabilities default to none."""
+        shape.check_gpt_style("ModelConfig.from_shape")
+        if shape.tied_embeddings:
+            raise ValueError("ModelConfig.from_shape: SerialGPT's head is untied; this shape "
+                             "has tied_embeddings=True.")
+        return cls(vocab=shape.vocab, seq=shape.seq_len, h=shape.hidden, a=shape.heads,
+                   ffn=shape.ffn, layers=shape.layers, dropout=dropout,
+                   attn_dropout=attn_dropout)
+
+    def to_shape(self) -> ModelShape:
+        """This model as the accounting describes it (the reverse of :meth:`from_shape`)."""
+        return ModelShape(layers=self.layers, hidden=self.h, heads=self.a, kv_heads=self.a,
+                          ffn=self.ffn, vocab=self.vocab, seq_len=self.seq, gated=False,
+                          dropout=self.dropout > 0 or self.attn_dropout > 0, norm="layernorm")
 
 
 def dropout_seed(seed: int, layer: int, site: str) -> int:

@@ -9,8 +9,8 @@ compute per rank with and without zig-zag (:func:`_workers_context.balance`).
 
 Why one launch: the exercises and the measured sections read the same runs, so a save of
 ``ring_attention.py`` costs one launch of 4 rank processes, not three launches of 2 + 4 + 4
-(ring sizes 2 and 4, then the balance). Measured with a warm launcher on 2 cores: 1.8-2.3 s
-against 2.4-4.0 s for the three.
+(ring sizes 2 and 4, then the balance): each launch pays its start-up and its process-group
+set-up again, so one launch is the shorter wait on any machine.
 
 A part of ``ring_attention.py`` that still holds its ``NotImplementedError`` stub does not end
 the launch: that case records the stub's message under ``"missing"`` and the launch goes on,
@@ -26,7 +26,7 @@ import _workers_context as W
 import ring_attention as ra
 import torch.distributed as dist
 from ring_attention import CPConfig
-from shardlab.runtime import CommTrace, MemoryTrace
+from shardlab.runtime import CommTrace
 
 SIZES = (2, 4)  # ring sizes: ranks [0, 1] and the whole 4-rank world
 PHASES = ("forward", "backward")
@@ -68,24 +68,13 @@ def run_case(cfg: CPConfig, variant: str, group, seed: int = 0) -> dict:
 
 
 def memory(cfg: CPConfig, variant: str, group, seed: int = 0) -> dict:
-    """:func:`_workers_context.memory` in ``group``: peak bytes allocated inside one forward
-    above the rank's own shards (``None`` and the stub's message if the forward is missing)."""
-    c, r = dist.get_world_size(group), dist.get_rank(group)
-    row = {"rank": r, "s": cfg.s, "variant": variant, "measured": None, "missing": None}
+    """:func:`_workers_context.memory` in ``group`` (``None`` and the stub's message if the
+    forward is missing)."""
     try:
-        x = W.make_inputs(cfg, seed)
-        q, k, v = (ra.shard(x[n], r, c, cfg.zigzag).requires_grad_(True) for n in "qkv")
-        del x
-        dist.barrier(group)
-        with MemoryTrace() as mt:
-            mt.tag([q, k, v], "other")
-            base = sum(t.untyped_storage().nbytes() for t in (q, k, v))
-            out = W.VARIANTS[variant](q, k, v, group, cfg.causal, cfg.zigzag)
-        row["measured"] = mt.timeline().peak - base
-        del out
+        return {**W.memory(cfg, variant, seed, group), "missing": None}
     except NotImplementedError as exc:
-        row["missing"] = str(exc)
-    return row
+        return {"rank": dist.get_rank(group), "s": cfg.s, "variant": variant,
+                "measured": None, "missing": str(exc)}
 
 
 def walkthrough(seqs: tuple[int, ...] = W.MEMORY_SEQS, balance_s: int = 1024, repeats: int = 2):

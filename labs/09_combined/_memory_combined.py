@@ -3,9 +3,9 @@ step (``MemoryTrace``) against ``shardlab.accounting`` (imported by ``_workers_c
 
 from __future__ import annotations
 
-import _labs_path  # noqa: F401  (labs 04, 05 and 06 on sys.path)
+import _earlier  # noqa: F401  (labs 04, 05 and 06 by file)
 import torch
-from _workers_combined import (
+from _cases_combined import (
     DP_PP_MESH,
     FSDP_TP_MESH,
     PP_M,
@@ -16,7 +16,15 @@ from _workers_combined import (
     pp_microbatches,
     tp_batch,
 )
-from combined import build_axis_groups, dp_pp_pipeline, dp_pp_step, fsdp_tp_backward, fsdp_tp_model
+from combined import (
+    all_reduce_mean,
+    build_axis_groups,
+    dp_pp_pipeline,
+    dp_pp_step,
+    fsdp_tp_backward,
+    fsdp_tp_model,
+)
+from layout_pp import pp_chunk_bytes
 from shardlab.accounting import memory
 from shardlab.accounting import pipeline as pacc
 from shardlab.accounting.mesh import Mesh
@@ -61,7 +69,7 @@ def fsdp_tp_memory(ag=None) -> dict:
         with phase("forward+backward"):
             fsdp_tp_backward(model, idx, tgt)
         held = {"weights": _nbytes(params), "grads": _nbytes([p.grad for p in params]),
-                "moments": _nbytes(_moments(opt, params))}  # fmt: skip
+                "moments": _nbytes(_moments(opt, params))}
         with phase("optimizer"):
             opt.step()
         opt.zero_grad()
@@ -80,11 +88,11 @@ def fsdp_tp_memory(ag=None) -> dict:
         "peak_phase": tl.phases[tl.peak_index], "act_units": seen.get("units"),
         "act_max": max(tl.bytes["activations"]),
         "units": [[f.padded for f in u.flats] for u in model.units],
-    }  # fmt: skip
+    }
 
 
-def fsdp_tp_predicted_peak(model, mesh: Mesh, b: int, head_bytes: float):
-    """``accounting.peak.predict_peak`` of one AdamW step of the FSDP x TP model on this rank.
+def fsdp_tp_predicted_peak(model, mesh: Mesh, b: int, head_bytes: float, cfg=TP_MODEL):
+    """``accounting.fsdp_peak.fsdp_step_peak`` of one AdamW step of the FSDP x TP model here.
 
     As lab 04's prediction, with the tensor-parallel sizes: ``persistent`` = weight shards +
     AdamW moments (``model_state(N_tp_padded, D, "zero3", "fp32")`` without its gradients,
@@ -96,33 +104,24 @@ def fsdp_tp_predicted_peak(model, mesh: Mesh, b: int, head_bytes: float):
     layer constants, plus the int64 batch (tokens and targets). ``backward_workspace``: the
     vocabulary-parallel loss's two ``(b, s, V/t)`` gradients, ``logits_workspace(b, s, V/t)``.
     ``head_bytes``: what the final norm, the head and the loss save (measured, as in lab 04).
+    ``cfg``: the model's lab 06 ``ModelConfig`` (``shardlab train --layout fsdp+tp`` passes its
+    own model's).
     """
     from shardlab.accounting import activations, peak
+    from shardlab.accounting.fsdp_peak import flat_unit_sizes, fsdp_step_peak
     from tensor_block import activation_kwargs
 
-    m, t = TP_MODEL, mesh.tp
-    blocks = [f.padded * Q for u in model.units[1:] for f in u.flats]
-    shards = [f.shard_numel * Q for u in model.units[1:] for f in u.flats]
-    shards[0] += sum(f.shard_numel * Q for f in model.units[0].flats)  # root: after block 0
-    state = memory.model_state(model.padded_numel, mesh.dp, "zero3", "fp32")
+    m, t = cfg, mesh.tp
     per_layer = activations.activation_bytes_per_layer(
         m.seq, b, m.h, m.a, t, "tp", **activation_kwargs(m, Q)
     )
     acts = m.layers * per_layer + 2 * 8 * b * m.seq  # + the int64 tokens and targets
-    cfg = model.config
-    return peak.predict_peak(
-        persistent_bytes=state.total - state.per_object["grads"],
-        unit_bytes=blocks,
+    return fsdp_step_peak(
+        world=mesh.dp,
         activation_bytes=acts,
-        buffer_bytes=sum(f.padded * Q for f in model.units[0].flats),
-        prefetch=cfg.prefetch,
-        reshard_after_forward=cfg.reshard_after_forward,
-        grad_unit_bytes=blocks,
-        grad_shard_bytes=shards,
-        backward_workspace_bytes=peak.logits_workspace(b, m.seq, m.vocab // t, Q),
-        backward_workspace_at="before_units",
         head_activation_bytes=head_bytes,
-        optimizer_workspace_bytes=peak.adam_workspace([p.numel() for p in model.parameters()]),
+        backward_workspace_bytes=peak.logits_workspace(b, m.seq, m.vocab // t, Q),
+        **flat_unit_sizes(model, Q),
     )
 
 
@@ -143,7 +142,7 @@ def dp_pp_memory(kind: str = "1f1b", ag=None) -> dict:
     params = list(stage.parameters())
     opt = torch.optim.AdamW(params, lr=1e-3)
     xs, ys = pp_microbatches(0, ag.coords.dp, mesh.dp)
-    chunk, head = pp_chunk_bytes(stage, xs, ys, params)
+    chunk, head = pp_chunk_bytes(stage, xs, ys, params, PP_M, PP_MODEL.d_model)  # lab 05's
     dp_pp_step(stage, executor, ag, xs, ys)  # warm-up: moments exist
     opt.step()
     opt.zero_grad()
@@ -153,10 +152,8 @@ def dp_pp_memory(kind: str = "1f1b", ag=None) -> dict:
         with phase("pipeline"):
             executor.step(xs, ys)
         held = {"weights": _nbytes(params), "grads": _nbytes([p.grad for p in params]),
-                "moments": _nbytes(_moments(opt, params))}  # fmt: skip
+                "moments": _nbytes(_moments(opt, params))}
         with phase("dp all-reduce"):
-            from combined import all_reduce_mean
-
             all_reduce_mean(params, ag.group("dp"))
         with phase("optimizer"):
             opt.step()
@@ -177,45 +174,13 @@ def dp_pp_memory(kind: str = "1f1b", ag=None) -> dict:
         "peak_breakdown": {k: v for k, v in tl.peak_breakdown.items() if v},
         "peak_phase": tl.phases[tl.peak_index], "act_max": max(tl.bytes["activations"]),
         "actions": [str(a) for a in executor.actions],
-    }  # fmt: skip
-
-
-def pp_chunk_bytes(stage, xs, ys, params) -> tuple[int, int]:
-    """Saved-activation bytes one microbatch leaves on this stage (forward only, as lab 05
-    measures them; the loss on the last stage; the input counts on later stages), and the
-    part of them the head saves (final norm, logits, loss: 0 except on the last stage), read
-    when the stage's last block has run."""
-    from pipeline import microbatch_loss
-    from shardlab.runtime import MemoryTrace
-
-    b, s = xs[0].shape
-    seen = {}
-
-    def mark(*_):  # the blocks' saved bytes end here (None: keep the block's output)
-        seen["blocks"] = mt.live_bytes("activations")
-
-    hook = stage.blocks[-1].register_forward_hook(mark)
-    with MemoryTrace() as mt:
-        mt.watch(params)  # weights saved by matmuls are parameters, not activations
-        inp = (  # (b, s, d) on the tokens' device
-            xs[0]
-            if stage.first
-            else torch.zeros(b, s, PP_MODEL.d_model, requires_grad=True, device=xs[0].device)
-        )
-        mt.tag([inp], "activations")
-        y = stage(inp)
-        if stage.last:
-            y = microbatch_loss(y, ys[0], PP_M)
-        got = mt.live_bytes("activations")
-    hook.remove()
-    del y
-    return got, (got - seen["blocks"] if stage.last else 0)
+    }
 
 
 def dp_pp_predicted_peak(
     stage, executor, mesh: Mesh, b: int, chunk_bytes: int, head_bytes: int = 0
 ):
-    """``accounting.stage_peak.stage_peak`` of one AdamW step of this rank's stage.
+    """``accounting.stage_peak.gpt_stage_step_peak`` of one AdamW step of this rank's stage.
 
     ``persistent``: weights + AdamW moments (``model_state(N_stage, D, "ddp", "fp32")``
     without the gradients, freed by ``zero_grad``); ``grads``: the stage's gradients (the
@@ -227,29 +192,24 @@ def dp_pp_predicted_peak(
     ``backward_workspace``: ``logits_workspace(b, s, V)``; the dp all-reduce's flat bucket of
     every gradient; ``adam_workspace`` at the optimizer step.
     """
-    from shardlab.accounting import peak
-    from shardlab.accounting.stage_peak import block_backward_temporaries, stage_peak
+    from shardlab.accounting.stage_peak import gpt_stage_step_peak
 
     m = PP_MODEL
-    params = list(stage.parameters())
-    n_stage = sum(p.numel() for p in params)
-    state = memory.model_state(n_stage, mesh.dp, "ddp", "fp32")
     head_params = [p for mod in ("ln_f", "lm_head") if hasattr(stage, mod)
-                   for p in getattr(stage, mod).parameters()]  # fmt: skip
-    return stage_peak(
+                   for p in getattr(stage, mod).parameters()]
+    return gpt_stage_step_peak(
         executor.actions,
         chunk_bytes,
-        persistent_bytes=state.total - state.per_object["grads"],
-        grad_bytes=state.per_object["grads"],
-        message_bytes=Q * b * m.seq_len * m.d_model,
-        temporaries_bytes=block_backward_temporaries(
-            b, m.seq_len, m.d_model, m.d_ff or 4 * m.d_model, Q
-        ),  # fmt: skip
+        stage_numels=[p.numel() for p in stage.parameters()],
+        head_numel=sum(p.numel() for p in head_params),
+        dp=mesh.dp,
+        b=b,
+        s=m.seq_len,
+        h=m.d_model,
+        ffn=m.d_ff or 4 * m.d_model,
+        vocab=m.vocab_size,
         first=stage.first,
         last=stage.last,
         head_bytes=head_bytes,
-        head_grad_bytes=Q * sum(p.numel() for p in head_params),
-        backward_workspace_bytes=peak.logits_workspace(b, m.seq_len, m.vocab_size, Q),
-        bucket_bytes=Q * n_stage,
-        optimizer_workspace_bytes=peak.adam_workspace([p.numel() for p in params]),
+        q=Q,
     )

@@ -3,10 +3,10 @@ same 2x2 mesh: the hidden tests' comparison and ``benchmark_combined.py``."""
 
 from __future__ import annotations
 
-import _labs_path  # noqa: F401  (labs 04, 05 and 06 on sys.path)
+import _earlier  # noqa: F401  (labs 04, 05 and 06 by file)
 import torch
 import torch.distributed as dist
-from _workers_combined import (
+from _cases_combined import (
     FSDP_TP_MESH,
     LR,
     STEPS,
@@ -48,7 +48,7 @@ def pytorch_fsdp_tp_model(cfg: ModelConfig = TP_MODEL):
     parallelize_module(model, mesh["tp"], {
         "tok": RowwiseParallel(input_layouts=Replicate()),
         "head": ColwiseParallel(output_layouts=Replicate()),
-    })  # fmt: skip
+    })
     for blk in model.blocks:
         fully_shard(blk, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
@@ -89,16 +89,15 @@ def pytorch_check(steps: int = STEPS) -> dict | None:
     vs_ours = {n: (full[n] - ours[n]).abs().max().item() for n in ref}
     return {"names_match": set(full) == set(ref) == set(ours),
             "max_abs_param": max(diff.values()), "worst_param": max(diff, key=diff.get),
-            "max_abs_vs_ours": max(vs_ours.values())}  # fmt: skip
+            "max_abs_vs_ours": max(vs_ours.values())}
 
 
 def benchmark(steps: int = 10, batch: int = 8, **model_kw) -> dict | None:
     """Median step time (forward, backward, gradient synchronisation, AdamW) and the peak of
     live tensor bytes of one step (MemoryTrace): ours vs FSDP2 + DTensor on the same 2x2 mesh,
     model and data. ``batch`` is global (``batch / dp`` per dp rank)."""
-    import time
-
     from shardlab.runtime import MemoryTrace
+    from shardlab.testing import interleaved_times
 
     cfg = ModelConfig(**{**TP_MODEL.__dict__, **model_kw})
     mesh = Mesh(**FSDP_TP_MESH)
@@ -127,13 +126,7 @@ def benchmark(steps: int = 10, batch: int = 8, **model_kw) -> dict | None:
             step()
         res[name] = {"peak_bytes": mt.peak}
         runs[name] = step
-    times = {name: [] for name in runs}
-    for _ in range(steps):  # interleaved: load from other processes hits both alike
-        for name, step in runs.items():
-            dist.barrier()
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
+    times = interleaved_times(runs, steps)  # interleaved: other processes' load hits both alike
     for name, ts in times.items():
         res[name]["step_s"] = sorted(ts)[len(ts) // 2]
     res["ratio_time"] = res["ours"]["step_s"] / res["pytorch"]["step_s"]

@@ -20,10 +20,10 @@ and the process groups; every check here takes about a second or less).
 
 from __future__ import annotations
 
-import _labs_path  # noqa: F401  (labs 04, 05 and 06 on sys.path)
+import _earlier  # noqa: F401  (labs 04, 05 and 06 by file)
 import torch
 import torch.distributed as dist
-from _workers_combined import DP_PP_MESH, FSDP_TP_MESH, PP_M, PP_MODEL, Q
+from _cases_combined import DP_PP_MESH, FSDP_TP_MESH, PP_M, PP_MODEL, Q
 from shardlab.accounting import comm
 from shardlab.accounting import pipeline as pacc
 from shardlab.accounting.mesh import AXES, Mesh
@@ -93,10 +93,10 @@ def tp_groups_rows(ags) -> list:
     ag = _ag(ags, "fsdp_tp")
     g = combined.tp_groups(ag)
     got = {"tp": g.tp, "tp_rank": g.tp_rank, "tp_group": _ranks(g.tp_group),
-           "dp": g.dp, "dp_rank": g.dp_rank, "dp_group": _ranks(g.dp_group)}  # fmt: skip
+           "dp": g.dp, "dp_rank": g.dp_rank, "dp_group": _ranks(g.dp_group)}
     m, c = ag.mesh, ag.coords
     want = {"tp": m.tp, "tp_rank": c.tp, "tp_group": m.group_of(ag.rank, "tp"),
-            "dp": m.dp, "dp_rank": c.dp, "dp_group": m.group_of(ag.rank, "dp")}  # fmt: skip
+            "dp": m.dp, "dp_rank": c.dp, "dp_group": m.group_of(ag.rank, "dp")}
     return _gather({"rank": ag.rank, "got": got, "want": want})
 
 
@@ -113,7 +113,7 @@ def pipeline_rows(ags, kind: str = "1f1b") -> list:
         "want": {"blocks": list(pacc.stage_bounds(PP_MODEL.n_layer, m.pp)[k]), "first": k == 0,
                  "last": k == m.pp - 1, "group": m.group_of(ag.rank, "pp"),
                  "actions": [str(a) for a in pacc.schedule(kind, m.pp, PP_M)[k]]},
-    })  # fmt: skip
+    })
 
 
 def _seeded_grads(rank: int) -> list[torch.Tensor]:
@@ -141,7 +141,7 @@ def all_reduce_rows(ags) -> list:
         "max_abs": max((p.grad - w).abs().max().item() for p, w in zip(params, want)),
         "calls": tr.count_by_axis(), "measured": tr.sent_by_axis(),
         "predicted": {"dp": comm.step_volume("ddp", n, len(line), Q)},
-    })  # fmt: skip
+    })
 
 
 def _fsdp_tp(ags):
@@ -157,7 +157,7 @@ def _dp_pp(ags):
 
 
 PARTS = {"groups": groups_rows, "tp_groups": tp_groups_rows, "fsdp_tp": _fsdp_tp,
-         "pipeline": pipeline_rows, "all_reduce": all_reduce_rows, "dp_pp": _dp_pp}  # fmt: skip
+         "pipeline": pipeline_rows, "all_reduce": all_reduce_rows, "dp_pp": _dp_pp}
 
 
 def walkthrough(parts: tuple[str, ...]) -> dict | None:

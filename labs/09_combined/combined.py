@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import _labs_path  # noqa: F401  (labs 04, 05 and 06 on sys.path)
+import _earlier  # noqa: F401  (labs 04, 05 and 06 by file)
 import torch
 import torch.distributed as dist
 from fsdp import FSDP, FSDPConfig
@@ -97,7 +97,7 @@ def tp_groups(ag: AxisGroups) -> TPGroups:
     return TPGroups(
         tp=m.tp, tp_rank=c.tp, tp_group=ag.group("tp"),
         dp=m.dp, dp_rank=c.dp, dp_group=ag.group("dp"),
-    )  # fmt: skip
+    )
     # END SOLUTION
 
 

@@ -56,61 +56,71 @@ def _activations(args: argparse.Namespace):
     return activations_report(args.s, args.b, args.h, args.a, args.t, args.layers)
 
 
+# comm's options per mode, with their defaults (None in the parser: given or not is known)
+COLLECTIVE_OPTIONS = {"op": "all_reduce", "bytes": 1e9, "alpha_us": 5.0, "beta_gbps": 100.0,
+                      "algo": "ring"}
+STEP_OPTIONS = {"dp": None, "q": 2, "microbatches": 1, "no_sync": False}
+
+
+def _given(args: argparse.Namespace, names) -> list[str]:
+    """The flags among ``names`` the user gave (``--no-sync`` given means True)."""
+    return [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) not in (None, False)]
+
+
+def _with_defaults(args: argparse.Namespace, defaults: dict) -> dict:
+    return {k: d if getattr(args, k) is None else getattr(args, k) for k, d in defaults.items()}
+
+
+def _refuse(given: list[str], why: str) -> None:
+    if given:
+        raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} {why}")
+
+
 def _comm(args: argparse.Namespace):
+    """The collective table, or with ``--params`` (or ``--layout``) the per-step volume; the
+    options of the other mode are refused, not ignored."""
     from shardlab.widgets.comm import comm_report, step_report
 
     if args.layout is not None or args.params is not None:
         if args.params is None:
             raise ValueError("--layout needs --params (number of parameters N)")
-        return step_report(
-            args.params,
-            args.dp if args.dp is not None else args.ranks,
-            args.q,
-            args.layout,
-            args.microbatches,
-            not args.no_sync,
-        )
-    return comm_report(args.op, args.bytes, args.ranks, args.alpha_us, args.beta_gbps, args.algo)
+        _refuse(_given(args, COLLECTIVE_OPTIONS), "to the collective table, without --params.")
+        o = _with_defaults(args, STEP_OPTIONS)
+        dp = o["dp"] if o["dp"] is not None else args.ranks
+        sync = not o["no_sync"]
+        return step_report(args.params, dp, o["q"], args.layout, o["microbatches"], sync)
+    _refuse(_given(args, STEP_OPTIONS), "to the per-step volume: give --params N as well.")
+    o = _with_defaults(args, COLLECTIVE_OPTIONS)
+    return comm_report(o["op"], o["bytes"], args.ranks, o["alpha_us"], o["beta_gbps"], o["algo"])
+
+
+# which of the four action costs each schedule uses (zero-bubble splits the backward)
+COSTS_USED = {"gpipe": ("F", "B"), "1f1b": ("F", "B"), "interleaved": ("F", "B"),
+              "zb-h1": ("F", "BI", "BW"), "zbv": ("F", "BI", "BW"),
+              "dualpipev": ("F", "B", "BI", "BW")}
+COST_DEFAULTS = {"F": 1, "B": 2, "BI": 1, "BW": 1}
 
 
 def _bubble(args: argparse.Namespace):
     from shardlab.widgets.pipeline import pipeline_report
 
-    return pipeline_report(
-        args.schedule,
-        args.stages,
-        args.microbatches,
-        args.chunks,
-        costs={"F": args.cost_f, "B": args.cost_b, "BI": args.cost_bi, "BW": args.cost_bw},
-    )
+    given = {k: getattr(args, f"cost_{k.lower()}") for k in COST_DEFAULTS}
+    used = COSTS_USED.get(args.schedule, tuple(COST_DEFAULTS))
+    unused = [f"--cost-{k.lower()}" for k, x in given.items() if x is not None and k not in used]
+    _refuse(unused, f"to no action of schedule {args.schedule} (it times {', '.join(used)}).")
+    costs = {k: COST_DEFAULTS[k] if x is None else x for k, x in given.items()}
+    return pipeline_report(args.schedule, args.stages, args.microbatches, args.chunks, costs=costs)
 
 
 def _mesh(args: argparse.Namespace):
     from shardlab.widgets.mesh import mesh_report
 
+    if args.etp is not None and args.ep is None:
+        raise ValueError(f"--etp {args.etp} applies to MoE folding only: give --ep as well.")
+    etp = 1 if args.etp is None else args.etp
     return mesh_report(
-        args.gpus, args.dp, args.tp, args.pp, args.cp, rank=args.rank, ep=args.ep, etp=args.etp
+        args.gpus, args.dp, args.tp, args.pp, args.cp, rank=args.rank, ep=args.ep, etp=etp
     )
-
-
-def _plan(args: argparse.Namespace):
-    from shardlab.widgets.planner import PRESETS, planner_report
-
-    kwargs = dict(PRESETS[args.preset])
-    for name in PLAN_OPTIONS:
-        value = getattr(args, name)
-        if value is not None:
-            kwargs[name] = value
-    return planner_report(**kwargs)
-
-
-# planner_report's arguments that `shardlab plan` exposes (flag = name with - for _)
-PLAN_OPTIONS = (
-    "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "global_batch", "gpus",
-    "gpu_memory_gb", "gpus_per_node", "alpha_intra_us", "beta_intra_gbps", "alpha_inter_us",
-    "beta_inter_gbps", "peak_tflops", "efficiency", "reserve", "max_bubble", "microbatch",
-    "recipe", "gated", "dropout", "norm", "experts", "top_k", "top", "mark",
-)  # fmt: skip
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -134,6 +144,12 @@ def _train(args: argparse.Namespace) -> int:
         seq=args.seq, tp=args.tp, microbatches=args.microbatches, schedule=args.schedule,
         bucket_mb=args.bucket_mb, threads=args.threads, peak_tflops=args.peak_tflops,
         efficiency=args.efficiency, beta_gbps=args.beta_gbps, modules=modules,
-        module_source=source, labs_dir=str(labs),
-    )  # fmt: skip
-    return run(spec, as_json=args.json, timeout=float(args.timeout))
+        module_source=source, labs_dir=str(labs), profile=args.profile,
+    )
+    timeout = float(args.timeout)
+    if not 0 < timeout <= MAX_TIMEOUT_S:
+        raise ValueError(f"--timeout {args.timeout} must be in (0, {MAX_TIMEOUT_S:,}] seconds.")
+    return run(spec, as_json=args.json, timeout=timeout)
+
+
+MAX_TIMEOUT_S = 30 * 86_400  # 30 days: the ranks' process-group timeout must fit a timedelta

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from shardlab._cli_commands import _activations, _add_json, _bubble, _comm, _memory, _mesh, _number
+from shardlab._cli_plan import add_plan_parser
 
 
 def add_calculator_parsers(sub: argparse._SubParsersAction) -> None:
@@ -103,14 +104,14 @@ def add_calculator_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--op",
-        default="all_reduce",
+        default=None,
         choices=COLLECTIVES,
         help="collective to highlight (default all_reduce)",
     )
     p.add_argument(
         "--bytes",
         type=_number,
-        default=1e9,
+        default=None,
         metavar="V",
         help="full tensor size V in bytes (all-gather output, reduce-scatter input, "
         "all-reduce tensor; default 1e9)",
@@ -121,20 +122,20 @@ def add_calculator_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--alpha-us",
         type=_number,
-        default=5.0,
+        default=None,
         metavar="US",
         help="latency α per round in microseconds (default 5)",
     )
     p.add_argument(
         "--beta-gbps",
         type=_number,
-        default=100.0,
+        default=None,
         metavar="GBPS",
         help="bandwidth β in GB/s, 10^9 bytes per second (default 100)",
     )
     p.add_argument(
         "--algo",
-        default="ring",
+        default=None,
         choices=ALGOS,
         help="algorithm for the summary line (default ring; the table shows both)",
     )
@@ -161,14 +162,14 @@ def add_calculator_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--q",
         type=_number,
-        default=2,
+        default=None,
         metavar="BYTES",
         help="bytes per communicated element q (default 2, bf16)",
     )
     p.add_argument(
         "--microbatches",
         type=_number,
-        default=1,
+        default=None,
         metavar="M",
         help="accumulated microbatches per optimizer update (count; default 1)",
     )
@@ -203,8 +204,9 @@ def add_calculator_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--schedule",
         default="1f1b",
-        choices=SCHEDULE_CHOICES,
-        help="schedule to simulate (default 1f1b; 1f1b with --chunks > 1 means interleaved 1F1B)",
+        metavar="KIND",
+        help=f"schedule to simulate: {', '.join(SCHEDULE_CHOICES)} (default 1f1b; --chunks > 1 "
+        "needs interleaved, zbv and dualpipev need --chunks 2); checked by accounting.pipeline.check_kind",
     )
     p.add_argument(
         "--chunks",
@@ -222,7 +224,7 @@ def add_calculator_parsers(sub: argparse._SubParsersAction) -> None:
         p.add_argument(
             f"--cost-{kind}",
             type=_number,
-            default=default,
+            default=None,
             metavar="T",
             help=f"time of {what} (time units; default {default})",
         )
@@ -265,85 +267,13 @@ def add_calculator_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--etp",
         type=_number,
-        default=1,
+        default=None,
         help="MoE expert tensor-parallel degree for folding (ranks; default 1)",
     )
     _add_json(p)
     p.set_defaults(func=_mesh)
 
     add_plan_parser(sub)
-
-
-def add_plan_parser(sub: argparse._SubParsersAction) -> None:
-    """``shardlab plan``: rank layouts of a model on a cluster (accounting.planner)."""
-    from shardlab._cli_commands import _plan
-    from shardlab.accounting.memory import RECIPES
-    from shardlab.widgets.planner import PRESETS
-
-    p = sub.add_parser(
-        "plan",
-        help="rank layouts (D, t, p, c, ep, ZeRO, recompute, m, v) of a model on a cluster",
-        description="Checks every layout of the model on the cluster and ranks the feasible "
-        "ones by predicted step time, with per-rank peak memory by term (GB = 10^9 bytes), "
-        "communication time per axis and its hidden share, MFU; rejected layouts are counted "
-        "by reason. Options not given come from --preset.",
-    )
-    p.add_argument(
-        "--preset",
-        default="llama3-405b-8k",
-        choices=list(PRESETS),
-        help="starting values: Llama 3 405B at 8K or 128K context on 16,384 GPUs of 80 GB, "
-        "its mesh marked (default llama3-405b-8k)",
-    )
-    for flag, metavar, what in (
-        ("layers", "L", "transformer layers L (count)"),
-        ("hidden", "H", "hidden width h (elements)"),
-        ("heads", "A", "attention (query) heads (count)"),
-        ("kv-heads", "K", "key/value heads (count; = heads without grouped-query attention)"),
-        ("ffn", "F", "MLP width f (elements)"),
-        ("vocab", "V", "vocabulary size (tokens)"),
-        ("seq-len", "S", "sequence length s (tokens)"),
-        ("global-batch", "B", "global batch (sequences per optimizer step)"),
-        ("gpus", "G", "number of GPUs G (count)"),
-        ("gpu-memory-gb", "GB", "memory per GPU (GB, 10^9 bytes)"),
-        ("gpus-per-node", "N", "GPUs per node, the fast-link domain (count)"),
-        ("alpha-intra-us", "US", "latency α inside a node (microseconds per round)"),
-        ("beta-intra-gbps", "GBPS", "bandwidth β inside a node (GB/s per GPU, 10^9 bytes/s)"),
-        ("alpha-inter-us", "US", "latency α across nodes (microseconds per round)"),
-        ("beta-inter-gbps", "GBPS", "bandwidth β across nodes (GB/s per GPU, 10^9 bytes/s)"),
-        ("peak-tflops", "TF", "peak dense FLOP rate per GPU (TFLOP/s, 10^12 FLOP/s)"),
-        ("efficiency", "E", "achievable fraction of the peak (0-1; default 0.6)"),
-        ("reserve", "R", "fraction of GPU memory kept free (0-1; default 0.1)"),
-        ("max-bubble", "X", "largest pipeline idle fraction accepted (0-1; default 0.25)"),
-        ("microbatch", "B", "sequences per microbatch b (count; default 1)"),
-        ("experts", "E", "MoE experts per layer (count; default 1 = dense)"),
-        ("top-k", "K", "experts per token (count; default 1)"),
-        ("top", "N", "feasible layouts to show (count; default 10)"),
-    ):
-        p.add_argument(f"--{flag}", type=_number, default=None, metavar=metavar, help=what)
-    p.add_argument(
-        "--recipe", choices=list(RECIPES), default=None,
-        help="precision recipe, bytes per parameter (default mixed-adam-16)",
-    )  # fmt: skip
-    p.add_argument(
-        "--gated", action=argparse.BooleanOptionalAction, default=None,
-        help="gated (SwiGLU, 3 matrices) MLP, or --no-gated for a GeLU MLP (default gated)",
-    )  # fmt: skip
-    p.add_argument(
-        "--dropout", action=argparse.BooleanOptionalAction, default=None,
-        help="dropout in the layer (saved masks; default off, as in Llama)",
-    )  # fmt: skip
-    p.add_argument(
-        "--norm", choices=["rmsnorm", "layernorm"], default=None,
-        help="normalisation layer (default rmsnorm)",
-    )  # fmt: skip
-    p.add_argument(
-        "--mark", default=None, metavar="FIELDS",
-        help="layouts to locate in the ranking, e.g. 't=8,c=1,p=16,D=128' (fields D t p c ep "
-        "zero recompute m v; several separated by ';'; default: the preset's Llama 3 mesh)",
-    )  # fmt: skip
-    _add_json(p)
-    p.set_defaults(func=_plan)
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -361,9 +291,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "directory holds one of the same name (or --module / --from-cwd).",
     )
     p.add_argument("--layout", required=True, metavar="L",
-                   help=f"one of {', '.join(LAYOUTS)}")  # fmt: skip
+                   help=f"one of {', '.join(LAYOUTS)}")
     p.add_argument("--model", default="tiny", metavar="M",
-                   help=f"model shape, one of {', '.join(MODELS)} (default tiny)")  # fmt: skip
+                   help=f"model shape, one of {', '.join(MODELS)} (default tiny)")
     p.add_argument("--ranks", type=_number, default=None, metavar="N",
                    help="ranks to start (default 2, 4 for fsdp+tp; under torchrun: WORLD_SIZE)")
     p.add_argument("--steps", type=_number, default=10, metavar="S",
@@ -376,7 +306,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                    help="tensor-parallel degree of fsdp+tp (default 2; tp uses every rank)")
     p.add_argument("--microbatches", type=_number, default=None, metavar="M",
                    help="pipeline microbatches per step, pp only (default: the ranks)")
-    p.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"],
+    p.add_argument("--schedule", default=None, choices=["1f1b", "gpipe"],
                    help="pipeline schedule, pp only (default 1f1b)")
     p.add_argument("--bucket-mb", type=_number, default=25.0, metavar="MB",
                    help="bucket size of ddp/zero1/zero2 in MB (default 25)")
@@ -397,6 +327,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--labs", default=None, metavar="PATH",
                    help="the labs/ folder (default: found above the current directory or "
                    "next to the package)")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="record a torch.profiler trace of the last steps (up to 3, after a "
+                   "warm-up step) into DIR, one Chrome/Perfetto JSON file per rank")
     p.add_argument("--timeout", type=_number, default=900, metavar="S",
                    help="seconds before the launcher stops the ranks (default 900)")
     _add_json(p)

@@ -17,7 +17,8 @@ Runs a worker function on N ranks, the same function a lab notebook passes to
 
 Arguments after the function: ``VALUE`` (positional) or ``NAME=VALUE`` (keyword); values are
 read with ``ast.literal_eval`` when possible (numbers, lists, True/None ...) and kept as strings
-otherwise. The working directory is on ``sys.path``, so run it from the lab folder.
+otherwise. Run it from the lab folder: ``python -m`` (and ``torchrun -m``) put the working
+directory first on ``sys.path``, so the lab's modules are found.
 """
 
 from __future__ import annotations
@@ -67,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds (launch mode)")
     ns, rest = p.parse_known_args(argv)
     args, kwargs = parse_values(rest)
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    from shardlab.runtime.launch import _locate, _resolve, init_from_env, launch
+    from shardlab.runtime._importable import _locate, _resolve
+    from shardlab.runtime._rank_env import init_from_env
+    from shardlab.runtime.launch import launch
 
     if _under_torchrun():
         import torch.distributed as dist

@@ -193,7 +193,7 @@ def once(fn, *args, depends: tuple = (), **kwargs) -> Any:
     for module in depends:
         digest.update(_path(module).read_bytes())
     key = (getattr(fn, "__qualname__", repr(fn)), repr(args), repr(sorted(kwargs.items())),
-           digest.hexdigest())  # fmt: skip
+           digest.hexdigest())
     if key not in _CACHE:
         try:
             _CACHE[key] = (True, fn(*args, **kwargs))
@@ -215,7 +215,7 @@ def pytest(test_file: str, select: str) -> str:
     import pytest as _pytest
 
     args = [test_file, "-q", "-k", select, "--color=no", "-p", "no:cacheprovider",
-            "--capture=sys", "-W", "ignore::DeprecationWarning"]  # fmt: skip
+            "--capture=sys", "-W", "ignore::DeprecationWarning"]
     out = io.StringIO()
     # pytest runs full garbage collections; moving what the notebook holds (torch's and the
     # lab's objects) out of the collector's sight makes each call ~0.05 s instead of ~0.5 s
@@ -238,7 +238,12 @@ def pytest(test_file: str, select: str) -> str:
     if code == _pytest.ExitCode.NO_TESTS_COLLECTED:
         raise ValueError(f"pytest {test_file} -k {select!r} selected no test ({summary}).")
     if code != _pytest.ExitCode.OK:
-        raise AssertionError(f"public tests `{select}` of {test_file} failed:\n{text[-3000:]}")
+        # the one-line reasons first (pytest's short summary), then the report's end from the
+        # start of a line: a cut in mid-sentence reads as garbage
+        failed = [ln for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
+        tail = text if len(text) <= 3000 else "...\n" + text[-3000:].split("\n", 1)[-1]
+        head = "\n".join(failed) + "\n\n" if failed else ""
+        raise AssertionError(f"public tests `{select}` of {test_file} failed:\n{head}{tail}")
     print(f"{test_file} -k {select!r}: {summary}")
     return summary
 

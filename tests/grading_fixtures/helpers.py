@@ -34,22 +34,47 @@ def shared_result(tmp_path_factory, name: str, compute):
 
     Module fixtures run once per xdist worker; an expensive grading run that every test of a
     module reads is computed by the first worker and read back (pickled) by the others.
+    A failure is recorded too: the first caller raises its own error, every later caller
+    fails with one line pointing at it (no second attempt in a half-written folder, which
+    used to end in a cascade of ``FileExistsError``).
     """
     import os
     import pickle
+    import shutil
+    import traceback
 
+    import pytest
     from filelock import FileLock
 
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent  # shared by the workers of this session only
     data = base / f"{name}.pickle"
+    failed = base / f"{name}.failed"
     with FileLock(str(base / f"{name}.lock")):
         if data.is_file():
             return pickle.loads(data.read_bytes())
+        skipped = base / f"{name}.skipped"
+        if skipped.is_file():
+            pytest.skip(skipped.read_text())
+        if failed.is_file():
+            pytest.fail(
+                f"shared fixture {name!r} failed earlier in this run (its own error is "
+                f"reported once, above): {failed.read_text().strip()}",
+                pytrace=False,
+            )
         folder = base / name
+        shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
-        value = compute(folder)
+        try:
+            value = compute(folder)
+        except pytest.skip.Exception as exc:
+            skipped.write_text(str(exc.msg))
+            raise
+        except BaseException as exc:
+            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            failed.write_text(last[:500])
+            raise
         data.write_bytes(pickle.dumps(value))
         return value
 

@@ -7,13 +7,19 @@ Pure Python; importing it never imports torch. Modules:
 ``stage_peak``   a pipeline stage's peak, action by action, with autograd's backward temporaries
 ``activations``  saved-activation bytes per transformer layer (Korthikanti et al.)
 ``comm``         ring/tree collective volumes, alpha-beta time, per-step volumes
+``hierarchical`` two-level networks: hierarchical all-reduce, HSDP volume per axis, ZeRO-Offload
 ``pipeline``     bubble formulas, schedule generator and event-driven simulator
 ``pipeline_cores`` the simulator with ranks sharing fewer cores (4 CPU ranks on 2 cores)
 ``mesh``         device meshes (G = D t p c), rank <-> coordinates, groups, MoE folding
 ``context``      context parallelism: K/V bytes sent per layer (ring, all-gather), attention memory
 ``expert``       MoE expert capacity and dispatch/return all-to-all bytes
 ``compute``      FLOPs per token (6N + attention), recompute FLOPs, time, MFU, collective roofline
-``planner``      layouts (D, t, p, c, ep, ZeRO, recompute, m, v) checked, costed and ranked
+``overlap``      compute versus communication: each layout's traffic over the compute it can
+                 hide behind, and the break-even sizes
+``gemm``         FLOPs, bytes and intensity of a matmul, the roofline and ridge, per-GEMM efficiency;
+                 GPU data-sheet presets
+``planner``      layouts (D, t, p, c, ep, ZeRO, recompute, m, v, SP) checked, costed and ranked
+                 (its search: ``layout_search``; its costs: ``layout_cost``, ``layout_types``)
 ``wire``         what gloo / NCCL algorithms really send per rank (beside the ring model)
 ``checkpoint``   bytes of a sharded checkpoint per rank, and what resharding reads
 """
@@ -24,8 +30,11 @@ from . import (
     comm,
     compute,
     expert,
+    gemm,
+    hierarchical,
     memory,
     mesh,
+    overlap,
     peak,
     pipeline,
     pipeline_cores,
@@ -112,7 +121,9 @@ __all__ = [
     "compute",
     "compute_time",
     "flops_per_token",
+    "gemm",
     "mfu",
+    "overlap",
     "plan",
     "planner",
     "recompute_flops_per_token",
@@ -155,6 +166,7 @@ __all__ = [
     "attention_memory",
     "kv_heads_per_rank",
     "expert",
+    "hierarchical",
     "fsdp_gathered_units_alive",
     "fsdp_padded_numel",
     "get_recipe",

@@ -6,6 +6,12 @@ input always produces a ``ValueError`` whose message names the offending value(s
 (``True`` is an ``int`` in Python, but ``dp=True`` is always a mistake). Integral floats such
 as ``7e9`` are accepted for integer quantities and converted to ``int``, because widgets and
 command lines often deliver numbers as floats.
+
+Every input is also bounded, so that no answer overflows a float or prints invented digits:
+a count (ranks, parameters, layers, tokens) is at most :data:`MAX_COUNT` = 2^53, the largest
+range in which every integer is exact as a float; a real number (bytes per element, costs,
+latencies, bandwidths) at most :data:`MAX_REAL` in size. The products the formulas form of
+such inputs stay far below the float limit (about 1.8e308).
 """
 
 from __future__ import annotations
@@ -14,13 +20,18 @@ import math
 from collections.abc import Iterable
 from numbers import Integral, Real
 
+MAX_COUNT = 2**53  # 9,007,199,254,740,992: integers up to here are exact as floats
+MAX_REAL = 1e30  # any physical input here is far smaller (1e30 bytes, seconds, FLOP/s)
+
 
 def _is_bool(value: object) -> bool:
     return isinstance(value, bool)
 
 
-def integer(name: str, value: object, minimum: int = 1) -> int:
-    """Return ``value`` as an ``int`` >= ``minimum`` or raise ``ValueError`` naming it."""
+def integer(name: str, value: object, minimum: int = 1, maximum: int = MAX_COUNT) -> int:
+    """Return ``value`` as an ``int`` in [``minimum``, ``maximum``] or raise ``ValueError``."""
+    if type(value) is int and minimum <= value <= maximum:  # the common case, answered at once
+        return value
     if _is_bool(value):
         raise ValueError(f"{name}={value!r} must be an integer, not a bool")
     if isinstance(value, Integral):
@@ -33,6 +44,14 @@ def integer(name: str, value: object, minimum: int = 1) -> int:
         if minimum == 1:
             raise ValueError(f"{name}={out} must be a positive integer (>= 1)")
         raise ValueError(f"{name}={out} must be an integer >= {minimum}")
+    if out > maximum:
+        shown = f"{out:,}" if isinstance(value, Integral) else repr(value)
+        if maximum == MAX_COUNT:
+            raise ValueError(
+                f"{name}={shown} is larger than 2^53 = {MAX_COUNT:,}, the largest count "
+                "shardlab computes exactly"
+            )
+        raise ValueError(f"{name}={shown} must be at most {maximum:,}")
     return out
 
 
@@ -52,10 +71,19 @@ def number(name: str, value: object, *, positive: bool = True, allow_zero: bool 
     ``positive=True`` requires > 0 (or >= 0 with ``allow_zero``); ``positive=False`` accepts any
     finite real.
     """
+    kind = type(value)  # the common cases (a plain float or int in range), answered at once
+    if (kind is float or kind is int) and -MAX_REAL <= value <= MAX_REAL and (
+        not positive or value > 0 or (allow_zero and value == 0)
+    ):
+        return float(value) if kind is float else value
     if _is_bool(value):
         raise ValueError(f"{name}={value!r} must be a number, not a bool")
+    if isinstance(value, Integral) and abs(value) > MAX_REAL:
+        raise ValueError(f"{name}={value!r} is larger than {MAX_REAL:g}, too large to compute with")
     if not isinstance(value, Real) or not math.isfinite(float(value)):
         raise ValueError(f"{name}={value!r} must be a finite number")
+    if abs(float(value)) > MAX_REAL:
+        raise ValueError(f"{name}={value!r} is larger than {MAX_REAL:g}, too large to compute with")
     if positive:
         if allow_zero and value < 0:
             raise ValueError(f"{name}={value!r} must be >= 0")

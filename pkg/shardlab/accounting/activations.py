@@ -18,13 +18,24 @@ mode                   formula                                 what it models
 ``tp_sp_selective``    ``34 s b h / t``                        + selective recomputation of
                                                                the attention core
 ``full_recompute``     ``2 s b h``                             only each layer's input is
-                                                               kept (bf16, replicated: not
-                                                               divided by t); everything
-                                                               else is recomputed
+                                                               kept (bf16); everything
+                                                               else is recomputed. Without
+                                                               SP it is replicated on the
+                                                               t ranks; with ``sp=True``
+                                                               (Megatron's full recompute
+                                                               under SP) ``2 s b h / t``
 =====================  =====================================  ===========================
 
+Korthikanti's Table 2 also has "tensor parallel + selective recompute" without SP,
+``s b h (10 + 24/t)``: mode ``tp_selective`` (accepted by every function here; a row of
+:func:`activation_table` only with ``extended=True``, which also adds full recomputation
+with ``sp=True``, so that the default rows other tables show stay the five above).
+
 With ``s=2048, b=1, h=4096, a=32, t=8``: 912, 184, 114 and 34 MiB exactly (and 16 MiB for
-full recomputation). For ``L`` layers multiply by ``L`` (the paper's totals also add
+full recomputation, 2 MiB under SP; 104 MiB for ``tp_selective``). Under TP + SP full
+recomputation (``2 s b h / t``) keeps 17 times less than selective (``34 s b h / t``) at
+every ``t``; only the replicated checkpoint of full recomputation *without* SP is overtaken
+by selective recomputation with SP (``t > 17``), a comparison of two different layouts. For ``L`` layers multiply by ``L`` (the paper's totals also add
 embedding/output terms, which we leave out). These are modelled saved activations, not a
 measured peak: see :mod:`.peak`.
 
@@ -63,7 +74,8 @@ tensor not counted here). Under tensor parallelism with ``t > k`` each rank hold
 combine the groups:
 ``none`` all three; ``tp`` replicated + (split + attention)/t; ``tp_sp`` all three /t;
 ``tp_sp_selective`` (replicated + split)/t (the attention core is recomputed from Q, K, V);
-``full_recompute`` only the layer input, ``q s b h`` (replicated).
+``full_recompute`` only the layer input, ``q s b h`` (replicated; ``/t`` with ``sp=True``);
+``tp_selective`` replicated + split/t.
 """
 
 from __future__ import annotations
@@ -73,6 +85,7 @@ from dataclasses import dataclass
 from . import _validate as v
 
 MODES = ("none", "tp", "tp_sp", "tp_sp_selective", "full_recompute")
+EXTRA_MODES = ("tp_selective",)  # Korthikanti Table 2, TP + selective recompute without SP
 NORMS = {"layernorm": 2, "rmsnorm": 1}  # per-token statistics saved for backward
 MiB = 2**20
 
@@ -81,7 +94,7 @@ def _check(s: int, b: int, h: int, a: int, t: int, mode: str) -> tuple[int, int,
     s, b, h, a, t = (
         v.positive_int(name, x) for name, x in (("s", s), ("b", b), ("h", h), ("a", a), ("t", t))
     )
-    v.choice("mode", mode, MODES)
+    v.choice("mode", mode, MODES + EXTRA_MODES)
     if h % a != 0:
         raise ValueError(f"hidden width h={h} is not divisible by heads a={a}")
     if a % t != 0:
@@ -100,7 +113,8 @@ class LayerTerms:
     attention: float  # the a s^2 b scores term, divided by t under TP
     layer_input: float  # what full recomputation keeps
 
-    def for_mode(self, mode: str, t: int) -> float:
+    def for_mode(self, mode: str, t: int, sp: bool = False) -> float:
+        """Bytes per rank under ``mode``; ``sp`` splits full recomputation's input t ways."""
         if mode == "none":
             return self.replicated + self.split + self.attention
         if mode == "tp":
@@ -109,7 +123,9 @@ class LayerTerms:
             return (self.replicated + self.split + self.attention) / t
         if mode == "tp_sp_selective":
             return (self.replicated + self.split) / t
-        return self.layer_input
+        if mode == "tp_selective":
+            return self.replicated + self.split / t
+        return self.layer_input / t if sp else self.layer_input
 
 
 def layer_terms(
@@ -150,16 +166,21 @@ def layer_terms(
 
 
 def activation_bytes_per_layer(
-    s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none", **layer
+    s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none", *, sp: bool = False,
+    **layer,
 ) -> float:
     """Saved-activation bytes of one transformer layer under ``mode`` (see module table).
 
     ``layer``: the keyword-only arguments of :func:`layer_terms` (``q``, ``mask_bytes``,
     ``ffn``, ``dropout``, ``attn_dropout``, ``norm``, ``norm_stat_bytes``, ``gated``,
     ``kv_heads``); their defaults are the paper's layer. ``ffn`` must divide by ``t`` under
-    any tensor-parallel mode; ``kv_heads`` and ``t`` must divide one another.
+    any tensor-parallel mode; ``kv_heads`` and ``t`` must divide one another. ``sp``: only
+    for ``full_recompute``, whose kept layer input sequence parallelism splits ``t`` ways
+    (default ``False``, the replicated input lab 06 measures).
     """
     s, b, h, a, t = _check(s, b, h, a, t, mode)
+    if v.flag("sp", sp) and mode == "full_recompute" and s % t:
+        raise ValueError(f"t={t} does not divide s={s} (sequence parallelism shards s)")
     ffn = layer.get("ffn")
     tensor_parallel = mode not in ("none", "full_recompute")
     if ffn is not None and tensor_parallel and ffn % t != 0:
@@ -171,7 +192,7 @@ def activation_bytes_per_layer(
             raise ValueError(f"t={t} and kv_heads={kv}: one must divide the other")
         # t > kv: every rank holds one K/V head (replicated), i.e. t heads before dividing by t
         layer = {**layer, "kv_heads": max(kv, t)}
-    return layer_terms(s, b, h, a, **layer).for_mode(mode, t)
+    return layer_terms(s, b, h, a, **layer).for_mode(mode, t, sp)
 
 
 def activation_bytes(
@@ -187,6 +208,12 @@ class ActivationRow:
     mode: str
     bytes_per_layer: float
     layers: int
+    sp: bool = False  # full_recompute only: the kept input split t ways (sequence parallel)
+
+    @property
+    def key(self) -> str:
+        """``mode``, with ``"_sp"`` appended for full recomputation under SP."""
+        return f"{self.mode}_sp" if self.sp else self.mode
 
     @property
     def total(self) -> float:
@@ -197,14 +224,28 @@ class ActivationRow:
         return self.bytes_per_layer / MiB
 
 
+EXTENDED_ROWS = (
+    ("none", False), ("tp", False), ("tp_selective", False), ("tp_sp", False),
+    ("tp_sp_selective", False), ("full_recompute", False), ("full_recompute", True),
+)
+
+
 def activation_table(
-    s: int, b: int, h: int, a: int, t: int = 1, L: int = 1, **layer
+    s: int, b: int, h: int, a: int, t: int = 1, L: int = 1, *, extended: bool = False,
+    **layer,
 ) -> list[ActivationRow]:
-    """One :class:`ActivationRow` per mode, in ``MODES`` order (for tables and charts)."""
+    """One :class:`ActivationRow` per mode, in ``MODES`` order (for tables and charts).
+
+    ``extended=True``: the rows of ``EXTENDED_ROWS`` instead — Korthikanti's Table 2 in full
+    (``tp_selective`` after ``tp``) and full recomputation both without and with SP.
+    """
     layers = v.positive_int("L", L)
+    rows = EXTENDED_ROWS if v.flag("extended", extended) else [(m, False) for m in MODES]
     return [
-        ActivationRow(m, activation_bytes_per_layer(s, b, h, a, t, m, **layer), layers)
-        for m in MODES
+        ActivationRow(
+            m, activation_bytes_per_layer(s, b, h, a, t, m, sp=sp, **layer), layers, sp
+        )
+        for m, sp in rows
     ]
 
 

@@ -159,6 +159,8 @@ def grad_accum_volume(
     microbatches: int,
     sync_every_microbatch: bool,
     reshard_after_forward: bool = True,
+    *,
+    keep_weights: bool = False,
 ) -> float:
     """Per-rank sent bytes per optimizer update with ``m`` accumulated microbatches.
 
@@ -172,6 +174,12 @@ def grad_accum_volume(
       1 without) plus a gradient reduce-scatter every microbatch or once:
       ``(g m + m)U`` or ``(g m + 1)U``. The optimizer updates its own shard, so no
       all-gather follows the update. (FSDP ``no_sync`` keeps unsharded gradients to do this.)
+      ``reshard_after_forward=False`` keeps a unit's weights from its forward to its own
+      backward *within* one microbatch (``g = 1``).
+    * zero3 with ``keep_weights=True``: the gathered weights are kept *across* the
+      microbatches (resharded neither after forward nor after backward until the update),
+      so one all-gather per update: ``(1 + m)U`` or ``2U`` -- DDP's volume, at the memory
+      of a full replica of the weights. Requires ``reshard_after_forward=False``; zero3 only.
 
     With ``m = 1`` this is :func:`step_volume`.
     """
@@ -182,13 +190,18 @@ def grad_accum_volume(
     m = v.positive_int("microbatches", microbatches)
     sync = v.flag("sync_every_microbatch", sync_every_microbatch)
     reshard = v.flag("reshard_after_forward", reshard_after_forward)
+    if v.flag("keep_weights", keep_weights) and (layout != "zero3" or reshard):
+        raise ValueError(
+            f"keep_weights=True needs layout='zero3' and reshard_after_forward=False "
+            f"(got layout={layout!r}, reshard_after_forward={reshard})"
+        )
     unit = qq * n * _frac(d)
     reductions = m if sync else 1
     if layout == "ddp":
         return 2 * reductions * unit
     if layout in ("zero1", "zero2"):
         return (reductions + 1) * unit
-    gathers = m * (2 if reshard else 1)
+    gathers = 1 if keep_weights else m * (2 if reshard else 1)
     return (gathers + reductions) * unit
 
 

@@ -26,7 +26,9 @@ softmax and dropout are negligible FLOPs), what Korthikanti et al. recompute;
 recomputed). Model FLOPs (MFU) exclude recomputation; hardware FLOPs (HFU) include it.
 
 **Time.** ``T = FLOPs / (peak x efficiency)`` (:func:`compute_time`): ``efficiency`` is the
-achievable fraction of the peak for these kernels (an assumption, 0 < e <= 1).
+achievable fraction of the peak for these kernels (an assumption, 0 < e <= 1). The planner
+gives each matrix product its own efficiency instead (:mod:`.gemm`: a roofline of its
+arithmetic intensity against the device's ridge, capped).
 ``MFU = model FLOPs of the step / (step time x G x peak)`` (:func:`mfu`).
 
 **Roofline of a collective** (:func:`collective_roofline`, :func:`roofline`): a collective of
@@ -260,7 +262,7 @@ class ModelShape:
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len",
-                     "experts", "top_k"):  # fmt: skip
+                     "experts", "top_k"):
             object.__setattr__(self, name, v.positive_int(name, getattr(self, name)))
         v.flag("gated", self.gated)
         v.flag("tied_embeddings", self.tied_embeddings)
@@ -281,7 +283,19 @@ class ModelShape:
         as wide as Q), dropout and norm. The Korthikanti constants are the GPT-style case
         (``gated=False``, ``kv_heads=heads``, dropout, LayerNorm, ``ffn = 4 h``)."""
         return {"ffn": self.ffn, "gated": self.gated, "kv_heads": self.kv_heads,
-                "dropout": self.dropout, "norm": self.norm}  # fmt: skip
+                "dropout": self.dropout, "norm": self.norm}
+
+    def check_gpt_style(self, who: str) -> None:
+        """Refuse, in one sentence naming ``who``, a shape a GPT-style model cannot build: a
+        gated MLP, grouped K/V heads, experts or RMSNorm (the labs' models have a GeLU MLP,
+        full multi-head attention, one MLP per layer and LayerNorm)."""
+        want = {"gated": False, "kv_heads": self.heads, "experts": 1, "norm": "layernorm"}
+        bad = [f"{k}={getattr(self, k)!r}" for k, x in want.items() if getattr(self, k) != x]
+        if bad:
+            raise ValueError(
+                f"{who} builds a GPT-style layer (gated=False, kv_heads=heads={self.heads}, "
+                f"experts=1, norm='layernorm'); this shape has {', '.join(bad)}."
+            )
 
     @property
     def head_dim(self) -> int:
@@ -320,7 +334,7 @@ class ModelShape:
     def n_params(self) -> int:
         """Every parameter: layers, embedding, head (unless tied), final norm."""
         return (self.layers * self.layer_params + self.embedding_params + self.head_params
-                + self.hidden)  # fmt: skip
+                + self.hidden)
 
     @property
     def layer_matmul_params(self) -> int:
@@ -343,7 +357,7 @@ class ModelShape:
         return recompute_flops_per_token(
             mode, self.layers * self.layer_matmul_params, self.layers, self.seq_len,
             self.hidden, causal,
-        )  # fmt: skip
+        )
 
 
 LLAMA3_405B = dict(

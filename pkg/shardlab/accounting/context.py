@@ -127,7 +127,7 @@ def attention_memory(
     var = v.choice("variant", variant, VARIANTS)
     ss, cc = check_sequence(s, c)
     bb, hh, kv, d = (v.positive_int(k, x) for k, x in (
-        ("b", b), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim)))  # fmt: skip
+        ("b", b), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim)))
     qq = v.number("q", q)
     if hh % kv:
         raise ValueError(f"kv_heads={kv} does not divide heads={hh}")

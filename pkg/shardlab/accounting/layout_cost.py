@@ -2,200 +2,42 @@
 
 The engine of :mod:`.planner` (whose docstring states the model); split off to keep each
 module short. :func:`cost_layouts` costs every ZeRO stage and recompute mode of one
-``(D, t, p, c, v, ep)`` geometry, sharing what they have in common, and returns a
+``(D, t, p, c, v, ep, sp)`` geometry, sharing what they have in common, and returns a
 :class:`Candidate` or an out-of-memory :class:`Rejection` for each; every number comes from
 :mod:`.memory`, :mod:`.peak`, :mod:`.activations`, :mod:`.comm`, :mod:`.context`,
-:mod:`.pipeline` and :mod:`.compute`. Also here: the inputs (:class:`Cluster`,
-:class:`Layout`), :func:`inflight_chunks` and :func:`recompute_scratch`.
+:mod:`.pipeline`, :mod:`.gemm` and :mod:`.compute`. The inputs and outputs live in
+:mod:`.layout_types`.
+
+The peak of each stage is :func:`.peak.predict_peak`'s, in closed form (:func:`closed_peak`):
+the planner's units are identical layers, so the largest moment of the timeline is known and
+the cost does not grow with the layer count.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
 
-from . import _validate as chk
 from . import activations as act
-from . import comm
-from .compute import ModelShape, Roofline, collective_roofline, compute_time, mfu, roofline
+from . import comm, hierarchical
+from .compute import ModelShape, collective_roofline, compute_time, mfu, roofline
 from .context import kv_bytes
+from .gemm import elementwise_bytes, gemms_time, layer_gemms
+from .layout_types import (
+    AXES,
+    ZERO_LAYOUTS,
+    Candidate,
+    Layout,
+    Rejection,
+    _inside,
+    _Opts,
+    activation_mode,
+    inflight_chunks,
+    recompute_scratch,
+)
 from .memory import GB, get_recipe, model_state
-from .peak import logits_workspace, predict_peak
+from .peak import logits_workspace
 from .pipeline import bubble_time, idle_fraction
-
-RECOMPUTE_MODES = {"none": "tp_sp", "selective": "tp_sp_selective", "full": "full_recompute"}
-ZERO_LAYOUTS = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
-AXES = ("tp", "cp", "ep", "pp", "dp")
-FIELDS = ("D", "t", "p", "c", "ep", "zero", "recompute", "m", "v")
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """GPUs and links: memory in bytes, alpha in s per round, beta in bytes/s per GPU, peak in
-    FLOP/s; ``efficiency`` is the achievable fraction of the peak (an assumption)."""
-
-    gpus: int
-    gpu_memory: float
-    gpus_per_node: int
-    alpha_intra: float
-    beta_intra: float
-    alpha_inter: float
-    beta_inter: float
-    peak_flops: float
-    efficiency: float = 0.6
-
-    def __post_init__(self) -> None:
-        for name in ("gpus", "gpus_per_node"):
-            object.__setattr__(self, name, chk.positive_int(name, getattr(self, name)))
-        for name in ("gpu_memory", "beta_intra", "beta_inter", "peak_flops", "efficiency"):
-            chk.number(name, getattr(self, name))
-        chk.nonneg_number("alpha_intra", self.alpha_intra)
-        chk.nonneg_number("alpha_inter", self.alpha_inter)
-        if self.efficiency > 1:
-            raise ValueError(f"efficiency={self.efficiency!r} must be in (0, 1]")
-        if self.gpus % self.gpus_per_node and self.gpus > self.gpus_per_node:
-            raise ValueError(f"gpus_per_node={self.gpus_per_node} does not divide gpus={self.gpus}")
-
-    def link(self, inside: bool) -> tuple[float, float]:
-        return (
-            (self.alpha_intra, self.beta_intra) if inside else (self.alpha_inter, self.beta_inter)
-        )
-
-
-# 16,384 H100s of 80 GB in servers of 8; the book's illustrative alpha-beta pairs; bf16 dense
-# peak 989 TFLOP/s.
-LLAMA3_CLUSTER = dict(gpus=16384, gpu_memory=80e9, gpus_per_node=8, alpha_intra=3e-6,
-                      beta_intra=300e9, alpha_inter=10e-6, beta_inter=50e9, peak_flops=989e12)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Layout:
-    """One layout. In a :class:`Rejection`, ``None`` fields mean "every value"."""
-
-    D: int
-    t: int
-    p: int
-    c: int
-    ep: int | None
-    zero: int | None
-    recompute: str | None
-    m: int
-    v: int | None
-
-    @property
-    def label(self) -> str:
-        def f(x: object) -> str:
-            return "*" if x is None else str(x)
-
-        ep = "" if self.ep in (1, None) else f" ep{self.ep}"
-        return (f"t{self.t} c{self.c} p{self.p} D{self.D}{ep} ZeRO-{f(self.zero)} "
-                f"{f(self.recompute)} m{self.m} v{f(self.v)}")  # fmt: skip
-
-    def as_dict(self) -> dict[str, object]:
-        return {k: getattr(self, k) for k in FIELDS}
-
-
-@dataclass(frozen=True)
-class Rejection:
-    layout: Layout
-    reason: str
-    detail: str
-    over_bytes: float = 0.0  # out of memory: by how much
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A feasible layout: memory terms of its fuller stage, traffic per axis, step time."""
-
-    layout: Layout
-    memory: dict[str, float]
-    peak: float
-    peak_stage: str
-    budget: float
-    comm: dict[str, Roofline]
-    times: dict[str, float]  # compute, recompute, bubble, exposed_<axis>
-    step_time: float
-    mfu: float
-    tokens_per_s: float
-    idle_fraction: float
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "layout": self.layout.as_dict(), "label": self.layout.label,
-            "memory": dict(self.memory), "peak_bytes": self.peak, "peak_stage": self.peak_stage,
-            "budget_bytes": self.budget, "comm": {a: r.as_row() for a, r in self.comm.items()},
-            "times": dict(self.times), "step_time": self.step_time, "mfu": self.mfu,
-            "tokens_per_s": self.tokens_per_s, "idle_fraction": self.idle_fraction,
-        }  # fmt: skip
-
-
-def inflight_chunks(p: int, m: int, v: int = 1, rank: int = 0) -> int:
-    """Most (microbatch, chunk) pairs whose activations ``rank`` holds at once.
-
-    1F1B (``v = 1``): ``min(p - r, m)``; interleaved: ``min(2 (p - r - 1) + (v - 1) p + 1, m v)``
-    (the warm-up forwards of :func:`.pipeline.schedule` plus the one in progress).
-    """
-    p, m, vv = (chk.positive_int(k, x) for k, x in (("p", p), ("m", m), ("v", v)))
-    r = chk.nonneg_int("rank", rank)
-    if r >= p:
-        raise ValueError(f"rank={r} must be below p={p}")
-    if vv == 1:
-        return min(p - r, m)
-    return min(2 * (p - r - 1) + (vv - 1) * p + 1, m * vv)
-
-
-def recompute_scratch(s: int, b: int, h: int, a: int, t: int, recompute: str, **layer) -> float:
-    """Bytes a recomputing layer re-creates during its backward (one layer at a time).
-
-    ``"selective"``: the attention core of one layer, ``tp_sp - tp_sp_selective``;
-    ``"full"``: everything one layer saves without recomputation, ``tp_sp`` (``none`` when
-    ``t = 1``); ``"none"``: 0. :func:`.activations.activation_bytes_per_layer` with the
-    layer's keyword arguments (``ffn``, ``dropout``, ``norm``, ...); chapters 2 and 4 add the
-    same scratch to a recomputing layout's peak.
-    """
-    rc = chk.choice("recompute", recompute, RECOMPUTE_MODES)
-    if rc == "none":
-        return 0.0
-    kept = act.activation_bytes_per_layer(s, b, h, a, t, "tp_sp", **layer)
-    if rc == "full":
-        return kept
-    return kept - act.activation_bytes_per_layer(s, b, h, a, t, "tp_sp_selective", **layer)
-
-
-def _inside(stride: int, size: int, node: int) -> bool:
-    """A group of ``size`` ranks ``stride`` apart stays in one aligned node of ``node`` GPUs."""
-    span = stride * size
-    return size == 1 or (span <= node and node % span == 0)
-
-
-def _pow2(limit: int) -> list[int]:
-    out, x = [], 1
-    while x <= limit:
-        out.append(x)
-        x *= 2
-    return out
-
-
-@dataclass(frozen=True)
-class _Opts:
-    batch: int
-    b: int
-    recipe: str
-    reserve: float
-    max_bubble: float
-    q: float
-    causal: bool
-
-
-def _check_opts(global_batch, microbatch, recipe, reserve, max_bubble, q, causal) -> _Opts:
-    batch = chk.positive_int("global_batch", global_batch)
-    b = chk.positive_int("microbatch", microbatch)
-    get_recipe(recipe)
-    res = chk.nonneg_number("reserve", reserve)
-    if res >= 1:
-        raise ValueError(f"reserve={reserve!r} must be a fraction of GPU memory below 1")
-    mb = chk.nonneg_number("max_bubble", max_bubble)
-    return _Opts(batch, b, recipe, res, mb, chk.number("q", q), chk.flag("causal", causal))
 
 
 def _params_per_rank(model: ModelShape, t: int, ep: int, layers_rank: int):
@@ -206,12 +48,79 @@ def _params_per_rank(model: ModelShape, t: int, ep: int, layers_rank: int):
     return dense / t, model.experts * model.mlp_params / ep
 
 
-def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts) -> list:
-    """Every (ZeRO, recompute) layout of one (D, t, p, c, v, ep): candidates and rejections."""
+@functools.lru_cache(maxsize=4096)
+def _layer_times(model: ModelShape, cl, t: int, c: int, b: int, ep: int, causal: bool,
+                 sp: bool) -> tuple[float, float, float]:
+    """(one layer's attention core, one layer, the whole head) forward seconds on one rank from
+    the per-GEMM roofline and the element-wise bytes (:mod:`.gemm`)."""
+    g = layer_gemms(model, t, c, b, ep)
+    pk, bw, cap = cl.peak_flops, cl.hbm_bandwidth, cl.efficiency
+    ew = elementwise_bytes(model, t, c, b, sp) if bw is not None else {"layer": 0, "attention": 0}
+    ew_t = {k: x / bw for k, x in ew.items()} if bw is not None else ew
+    attn = (0.5 if causal else 1.0) * gemms_time(g["attention"], pk, bw, cap) + ew_t["attention"]
+    layer = gemms_time(g["weights"], pk, bw, cap) + ew_t["layer"] + attn
+    return attn, layer, gemms_time(g["head"], pk, bw, cap)
+
+
+@functools.lru_cache(maxsize=65536)
+def _state_total(n: int, dp: int, layout: str, recipe) -> float:
+    return model_state(n, dp, layout, recipe).total
+
+
+@functools.lru_cache(maxsize=16384)
+def _activations(s_loc: int, b: int, h: int, a: int, t: int, rc: str, sp: bool,
+                 layer: tuple) -> tuple[float, float]:
+    """(saved bytes per layer, recompute scratch) of one recompute mode (memoized: the same
+    shard recurs across pipeline depths and interleavings)."""
+    kw = dict(layer)
+    a_l = act.activation_bytes_per_layer(s_loc, b, h, a, t, activation_mode(rc, sp), sp=sp, **kw)
+    return a_l, recompute_scratch(s_loc, b, h, a, t, rc, sp, **kw)
+
+
+def clear_caches() -> None:
+    """Forget the memoized per-shard results (for timing a cold search)."""
+    for f in (_layer_times, _state_total, _activations, _dp_traffic):
+        f.cache_clear()
+
+
+def closed_peak(persistent: float, activ: float, scratch: float, ws: float | None,
+                unit: float = 0.0, grad: float = 0.0, units_alive: int = 0) -> tuple[float, dict]:
+    """:func:`.peak.predict_peak` of the planner's layouts in closed form: (total, terms).
+
+    Without gathered units (ZeRO-0/1/2) the timeline has one moment, the sum of the inputs.
+    With ``n`` identical ZeRO-3 units, every activation alive, ``prefetch=1`` and the logits
+    workspace at the last unit, the largest moment is the backward of the last unit: every
+    activation, that unit's unsharded gradient, and ``units_alive`` gathered units (2, or 1
+    when ``n = 1``; all ``n`` without resharding after forward). Every other moment holds no
+    more of any term. ``tests/test_planner_search`` checks both against ``predict_peak``."""
+    terms = {"persistent": persistent, "gathered_params": float(units_alive * unit),
+             "unsharded_grads": grad if units_alive else 0.0, "activations": float(activ),
+             "buffers": scratch}  # fmt: skip
+    if ws is not None:
+        terms["backward_workspace"] = ws
+    return sum(terms.values()), terms
+
+
+def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool = True,
+                 replicas: tuple[int, ...] = ()) -> list:
+    """Every (ZeRO, recompute) layout of one (D, t, p, c, v, ep, sp): candidates and rejections.
+
+    ``zeros``: ZeRO stages 0-3, or ``(3, False)`` for ZeRO-3 without resharding after forward
+    (every layer stays gathered from its forward to its backward; one all-gather per layer
+    and microbatch instead of two), or ``(zero, reshard, replicas)`` for one hybrid-sharded
+    layout: the stage's state sharded over ``D c / replicas`` ranks (their collectives on the
+    shard group's link), the gradient shards all-reduced across ``replicas`` once per step.
+    ``replicas``: the HSDP splits to search for every ZeRO-1/2/3 entry (pruned as
+    :mod:`.layout_search` says)."""
     G, node, L, h = cl.gpus, cl.gpus_per_node, model.layers, model.hidden
     m = max(1, o.batch // (D * o.b))
     s_loc = model.seq_len // c
-    layers_rank = math.ceil(L / (p * vv)) * vv
+    # embedding_in_split: the embedding and the head count as one layer each in the stage
+    # partition (Megatron's --account-for-embedding/loss-in-pipeline-split; Llama 3 removes one
+    # layer from the first and the last stage), so those stages hold one layer fewer
+    split = o.embedding_in_split and p > 1
+    layers_rank = math.ceil((L + (2 if split else 0)) / (p * vv)) * vv  # busiest rank's slots
+    st_layers = {0: layers_rank - split, p - 1: layers_rank - split}
     dense_l, exp_l = _params_per_rank(model, t, ep, layers_rank)
     rec_spec = get_recipe(o.recipe)
     budget = cl.gpu_memory * (1 - o.reserve)
@@ -223,8 +132,16 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts) -> list:
     attn_tok = 4.0 * model.seq_len * h * f
     layer_fwd = 2.0 * model.layer_matmul_params + attn_tok
     fwd = (layers_rank * layer_fwd + 2.0 * model.vocab * h / p) * tokens
-    pk_f, eff = cl.peak_flops, cl.efficiency
-    t_f, t_b = compute_time(fwd, pk_f, eff), compute_time(2 * fwd, pk_f, eff)
+    pk_f = cl.peak_flops
+    t_attn, t_layer, t_head = _layer_times(model, cl, t, c, o.b, ep, o.causal, sp)
+    t_f = layers_rank * t_layer + t_head / p
+    if split:  # the head runs on the last stage: the busier of it and a middle stage counts
+        last = ((layers_rank - 1) * t_layer + t_head, ((layers_rank - 1) * layer_fwd
+                                                       + 2.0 * model.vocab * h) * tokens)
+        middle = (layers_rank * t_layer, layers_rank * layer_fwd * tokens) if p > 2 else (0, 0)
+        t_f, fwd = max(last, middle)
+    t_b = 2 * t_f
+    eff = fwd / (t_f * pk_f)  # attained share of the peak, for the rooflines below
     # ---- traffic that does not depend on ZeRO or recompute
     count = layers_rank * m
     q = o.q
@@ -246,76 +163,124 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts) -> list:
     fill_time = comm.p2p_time(pp_bytes / (2 * m * vv) * fill, *pp_link, messages=fill)
     per_mb = (tp_r.exposed + ep_r.exposed + cp_r.exposed) / m
     kind = "interleaved" if vv > 1 else "1f1b"
-    model_flops = model.flops_per_token("step", o.causal) * o.batch * model.seq_len
-    # ---- per recompute mode: saved activations per layer, scratch, extra FLOPs
+    n_tok = o.batch * model.seq_len
+    model_flops = model.flops_per_token("step", o.causal) * n_tok
+    # ---- per recompute mode: saved activations per layer, scratch, extra FLOPs and seconds
     per_rec = {}
-    layer = model.activation_layer  # Llama- or GPT-style constants of accounting.activations
+    layer = tuple(model.activation_layer.items())  # Llama- or GPT-style (accounting.activations)
     for rc in recs:
-        a_l = act.activation_bytes_per_layer(
-            s_loc, o.b, h, model.heads, t, RECOMPUTE_MODES[rc], **layer
-        )
-        scratch = recompute_scratch(s_loc, o.b, h, model.heads, t, rc, **layer)
+        a_l, scratch = _activations(s_loc, o.b, h, model.heads, t, rc, sp, layer)
         r_flops = layers_rank * {"none": 0.0, "selective": attn_tok, "full": layer_fwd}[rc] * tokens
-        per_rec[rc] = (a_l, scratch, r_flops)
+        t_r = layers_rank * {"none": 0.0, "selective": t_attn, "full": t_layer}[rc]
+        hw = model_flops + model.recompute_flops_per_token(rc, o.causal) * n_tok
+        per_rec[rc] = (a_l, scratch, r_flops, t_r, hw)
+    held = {stage: inflight_chunks(p, m, vv, stage) for stage, _ in stages}
+    ws = {stage: logits_workspace(o.b, s_loc, model.vocab // t, 4) if stage == p - 1 else None
+          for stage, _ in stages}  # fmt: skip
     out = []
-    for zero in zeros:
+    for zr in zeros:
+        zero, reshard, given = (*zr, 1, 1)[:3] if isinstance(zr, tuple) else (zr, True, 1)
         layout_name = ZERO_LAYOUTS[zero]
-        # persistent state and ZeRO-3 units per stage
-        state = {}
-        for stage, _ in stages:
-            n_dense = layers_rank * dense_l + (model.embedding_params / t if stage == 0 else 0)
-            n_dense += model.head_params / t if stage == p - 1 else 0
-            st = model_state(max(1, round(n_dense)), D * c, layout_name, o.recipe).total
-            if exp_l:
-                st += model_state(round(layers_rank * exp_l), edp, layout_name, o.recipe).total
-            state[stage] = st
-        units = grads = []
+        unit3 = ()  # ZeRO-3: one layer gathered at a time, one prefetched (closed_peak)
         if zero == 3:
-            units = [rec_spec.weights * (dense_l + exp_l)] * layers_rank
-            grads = [rec_spec.grads * (dense_l + exp_l)] * layers_rank
-        dp_t, dp_b = _dp_traffic(model, D, c, t, p, ep, m, zero, layers_rank, q, dp_link)
-        for rc in recs:
-            a_l, scratch, r_flops = per_rec[rc]
-            lay = Layout(D, t, p, c, ep, zero, rc, m, vv)
-            best = (-1.0, {}, "")
-            for stage, sname in stages:
-                activ = a_l * (layers_rank // vv) * inflight_chunks(p, m, vv, stage)
-                ws = None
-                if stage == p - 1:
-                    ws = logits_workspace(o.b, s_loc, model.vocab // t, 4)
-                pk = predict_peak(state[stage], units, activ, scratch, prefetch=1,
-                                  grad_unit_bytes=grads or None, backward_workspace_bytes=ws)  # fmt: skip
-                if pk.total > best[0]:
-                    terms = {("recompute_scratch" if k == "buffers" else k): x
-                             for k, x in pk.terms.items()}  # fmt: skip
-                    best = (pk.total, terms, sname)
-            peak, terms, sname = best
-            if peak > budget:
-                out.append(Rejection(lay, "out of memory",
-                                     f"out of memory by {(peak - budget) / GB:.1f} GB ({sname} "
-                                     f"stage {peak / GB:.1f} GB > budget {budget / GB:.1f} GB)",
-                                     peak - budget))  # fmt: skip
+            unit3 = (rec_spec.weights * (dense_l + exp_l), rec_spec.grads * (dense_l + exp_l),
+                     min(layers_rank, 2) if reshard else layers_rank)  # fmt: skip
+        hide_none = {0: 3 * fwd, 1: 3 * fwd, 2: fwd * (1 + 2 * m), 3: 3 * fwd * m}[zero]
+        # the data-parallel splits to cost: the given one, or plain ZeRO then HSDP's replicas
+        # while each cuts the data-parallel time that is still exposed (layout_search)
+        splits, fastest = [], math.inf
+        for reps in ((given,) if given > 1 else (1, *(replicas if zero else ()))):
+            if reps > 1 and ((D % reps) or (exp_l and edp % reps)):
+                if given > 1:
+                    out.append(Rejection(Layout(D, t, p, c, ep, zero, None, m, vv, sp, reshard,
+                                                reps), "divisibility",
+                                         f"replicas={reps} does not divide D={D}"
+                                         + (f" and edp={edp}" if exp_l else "")))  # fmt: skip
                 continue
-            t_r = compute_time(r_flops, pk_f, eff)
+            if splits and fastest <= compute_time(hide_none, pk_f, eff):
+                break  # nothing exposed left to cut: more replicas only add state
+            links = (dp_link,) if reps == 1 else (
+                cl.link(_inside(t, c, node) and _inside(t * c * p, D // reps, node)),
+                cl.link(_inside(t * c * p * (D // reps), reps, node)))  # shard group, replicas
+            dp_t, dp_b = _dp_traffic(model, D, c, t, p, ep, m, zero, layers_rank, q, links,
+                                     reshard, reps)  # fmt: skip
+            if splits and dp_t >= fastest:
+                continue
+            fastest = min(fastest, dp_t)
+            state = {}  # persistent state per stage
+            for stage, _ in stages:
+                n_dense = st_layers[stage] * dense_l + (model.embedding_params / t
+                                                        if stage == 0 else 0)  # fmt: skip
+                if stage == p - 1:  # the head, or with tied embeddings a copy of the embedding
+                    tied_copy = model.embedding_params if model.tied_embeddings and p > 1 else 0
+                    n_dense += (model.head_params + tied_copy) / t
+                st = _state_total(max(1, round(n_dense)), D * c // reps, layout_name, o.recipe)
+                if exp_l:
+                    st += _state_total(round(st_layers[stage] * exp_l), edp // reps,
+                                       layout_name, o.recipe)  # fmt: skip
+                state[stage] = st
+            splits.append((reps, links, dp_t, dp_b, state))
+        for rc in recs:
+            a_l, scratch, r_flops, t_r, hw_flops = per_rec[rc]
             mb = 3 * fwd + r_flops  # one microbatch's compute
             hide = {0: mb, 1: mb, 2: fwd + m * (2 * fwd + r_flops), 3: m * mb}[zero]
-            rl = {"tp": tp_r, "cp": cp_r, "ep": ep_r,
-                  "pp": roofline("pp", pp_time, pp_bytes, m * mb, pk_f, eff, pp_link[1]),
-                  "dp": roofline("dp", dp_t, dp_b, hide, pk_f, eff, dp_link[1])}  # fmt: skip
-            costs = {"F": t_f + per_mb / 2, "B": t_b + t_r + per_mb / 2}
-            bub = bubble_time(kind, p, costs, vv) + (fill_time if p > 1 else 0.0)
-            times = {"compute": m * (t_f + t_b), "recompute": m * t_r, "bubble": bub}
-            times.update({f"exposed_{a}": rl[a].exposed for a in AXES})
-            step = sum(times.values())
-            out.append(Candidate(lay, terms, peak, sname, budget, rl, times, step,
-                                 mfu(model_flops, step, G, pk_f),
-                                 o.batch * model.seq_len / step, idle_fraction(p, m, vv)))  # fmt: skip
+            # plain ZeRO always; of HSDP's splits only the fastest that fits (the others are
+            # slower and fit: pruned), none when none fits (plain, which holds less, is OOM).
+            # A split's peak grows with its replicas (only the state changes), so the search
+            # walks up from the fewest and stops at the first that does not fit.
+            chosen = splits[:1]
+            if given == 1:
+                fit = None
+                for split in splits[1:]:
+                    total = max(closed_peak(split[4][stage], a_l * st_layers[stage] / vv
+                                            * held[stage], scratch, ws[stage], *unit3)[0]
+                                for stage, _ in stages)  # fmt: skip
+                    if total > budget:
+                        break
+                    fit = split
+                chosen += [fit] if fit is not None else []
+            for reps, links, dp_t, dp_b, state in chosen:
+                lay = Layout(D, t, p, c, ep, zero, rc, m, vv, sp, reshard, reps)
+                best = (-1.0, {}, "")
+                for stage, sname in stages:
+                    activ = a_l * st_layers[stage] / vv * held[stage]  # layers/chunk x chunks
+                    total, pterms = closed_peak(state[stage], activ, scratch, ws[stage], *unit3)
+                    if total > best[0]:
+                        terms = {("recompute_scratch" if k == "buffers" else k): x
+                                 for k, x in pterms.items()}  # fmt: skip
+                        best = (total, terms, sname)
+                peak, terms, sname = best
+                if peak > budget:
+                    out.append(Rejection(lay, "out of memory",
+                                         f"out of memory by {(peak - budget) / GB:.1f} GB "
+                                         f"({sname} stage {peak / GB:.1f} GB > budget "
+                                         f"{budget / GB:.1f} GB)", peak - budget))  # fmt: skip
+                    continue
+                rl = {"tp": tp_r, "cp": cp_r, "ep": ep_r,
+                      "pp": roofline("pp", pp_time, pp_bytes, m * mb, pk_f, eff, pp_link[1]),
+                      "dp": roofline("dp", dp_t, dp_b, hide, pk_f, eff, links[-1][1])}  # fmt: skip
+                costs = {"F": t_f + per_mb / 2, "B": t_b + t_r + per_mb / 2}
+                bub = bubble_time(kind, p, costs, vv) + (fill_time if p > 1 else 0.0)
+                times = {"compute": m * (t_f + t_b), "recompute": m * t_r, "bubble": bub}
+                times.update({f"exposed_{a}": rl[a].exposed for a in AXES})
+                step = sum(times.values())
+                out.append(Candidate(lay, terms, peak, sname, budget, rl, times, step,
+                                     mfu(model_flops, step, G, pk_f), n_tok / step,
+                                     idle_fraction(p, m, vv), mfu(hw_flops, step, G, pk_f),
+                                     eff))  # fmt: skip
     return out
 
 
-def _dp_traffic(model, D, c, t, p, ep, m, zero, layers_rank, q, link) -> tuple[float, float]:
+@functools.lru_cache(maxsize=65536)
+def _dp_traffic(model, D, c, t, p, ep, m, zero, layers_rank, q, links,
+                reshard: bool = True, replicas: int = 1) -> tuple[float, float]:
     """(seconds, bytes) per step of the gradient reduction and ZeRO gathers over the ``D c``
-    ranks that hold the same dense weights (and the ``edp`` ranks of the same experts)."""
+    ranks that hold the same dense weights (and the ``edp`` ranks of the same experts).
+
+    ``links``: ``((alpha, beta),)``, or with ``replicas > 1`` (HSDP) the shard group's and the
+    replicas' links: the ZeRO collectives run over ``g / replicas`` ranks, then each rank
+    all-reduces its gradient shard (``1 / (g / replicas)`` of the gradients) across the
+    ``replicas`` once per step (ZeRO-3: one all-reduce per layer)."""
     dense_l, exp_l = _params_per_rank(model, t, ep, layers_rank)
     dense = layers_rank * dense_l + (model.embedding_params + model.head_params) / (t * p)
     groups = [(dense, D * c)]
@@ -324,12 +289,17 @@ def _dp_traffic(model, D, c, t, p, ep, m, zero, layers_rank, q, link) -> tuple[f
     total_t = total_b = 0.0
     for n, g in groups:
         nb = q * n
+        g //= replicas
         ops = {0: [("all_reduce", nb, 1)],
                1: [("reduce_scatter", nb, 1), ("all_gather", nb, 1)],
                2: [("reduce_scatter", nb, m), ("all_gather", nb, 1)],
-               3: [("all_gather", nb / layers_rank, 2 * m * layers_rank),
+               3: [("all_gather", nb / layers_rank, (2 if reshard else 1) * m * layers_rank),
                    ("reduce_scatter", nb / layers_rank, m * layers_rank)]}[zero]  # fmt: skip
         for op, each, k in ops:
-            total_t += comm.collectives_time(op, each, g, k, *link)
+            total_t += comm.collectives_time(op, each, g, k, *links[0])
             total_b += k * comm.sent_bytes(op, each, g)
+        if replicas > 1:  # the shard of the gradients, across the replicas, once per step
+            k = layers_rank if zero == 3 else 1
+            rep_t, rep_b = hierarchical.hsdp_replicate_traffic(nb, g, replicas, k, *links[1])
+            total_t, total_b = total_t + rep_t, total_b + rep_b
     return total_t, total_b

@@ -32,8 +32,14 @@ sum of these **terms** (exactly what each counts):
 ``buffers``          caller-stated extra bytes alive all step (communication buckets,
                      workspace, allocator headroom), constant.
 
-Three optional terms (present in ``terms`` only when the caller passes them, so callers
+Four optional terms (present in ``terms`` only when the caller passes them, so callers
 that do not see exactly the five terms above):
+
+``recompute_scratch``  ``recompute_bytes[i]``: under activation checkpointing, the saved
+                     activations unit ``i`` rebuilds when its backward reruns its forward.
+                     They exist only during that unit's backward (the moment
+                     ``("backward", i)``); forward keeps just the checkpoints (counted in
+                     ``activations``), and no other moment holds any scratch.
 
 ``grad_shards``      ``grad_shard_bytes[i]``: unit ``i``'s *gradient shard*, the output of its
                      reduce-scatter. Use it when the shards are **not** in ``persistent``
@@ -93,7 +99,7 @@ from .memory import Recipe, get_recipe, model_state
 
 TERMS = ("persistent", "gathered_params", "unsharded_grads", "activations", "buffers")
 WORKSPACE_TERMS = ("backward_workspace", "optimizer_workspace")  # optional, see docstring
-OPTIONAL_TERMS = ("grad_shards", *WORKSPACE_TERMS)  # in terms only when given
+OPTIONAL_TERMS = ("recompute_scratch", "grad_shards", *WORKSPACE_TERMS)  # only when given
 PHASES = ("forward", "backward")
 WORKSPACE_AT = ("last_unit", "before_units")  # where backward_workspace goes
 
@@ -215,6 +221,7 @@ def predict_peak(
     grad_shard_bytes: float | Sequence[float] | None = None,
     backward_workspace_at: str = "last_unit",
     head_activation_bytes: float = 0,
+    recompute_bytes: float | Sequence[float] | None = None,
 ) -> PeakBreakdown:
     """Predicted per-rank peak of one step (see module docstring for every term).
 
@@ -230,7 +237,9 @@ def predict_peak(
     the ``"optimizer"`` moment); ``None``: not modelled (the shards are in ``persistent``).
     ``backward_workspace_at``: ``"last_unit"`` or ``"before_units"``;
     ``head_activation_bytes``: activations saved by a head outside the units (module
-    docstring).
+    docstring). ``recompute_bytes``: activations each unit rebuilds during its own backward
+    under activation checkpointing (a scalar is a total split evenly; with no units it joins
+    the single moment); ``None``: not modelled.
     """
     persistent = v.nonneg_number("persistent_bytes", persistent_bytes)
     buffers = v.nonneg_number("buffer_bytes", buffer_bytes)
@@ -253,6 +262,8 @@ def predict_peak(
     ws_at = v.choice("backward_workspace_at", backward_workspace_at, WORKSPACE_AT)
     head = v.nonneg_number("head_activation_bytes", head_activation_bytes)
     extra = {}  # optional terms, only when given
+    if recompute_bytes is not None:
+        extra["recompute_scratch"] = 0.0
     if grad_shard_bytes is not None:
         extra["grad_shards"] = 0.0
     if bw is not None:
@@ -271,6 +282,8 @@ def predict_peak(
         terms = {**base, "gathered_params": 0.0, "unsharded_grads": 0.0, "activations": act}
         terms = {k: terms[k] for k in TERMS}
         terms.update(extra)
+        if recompute_bytes is not None:
+            terms["recompute_scratch"] = _total("recompute_bytes", recompute_bytes)
         if bw is not None:
             terms["backward_workspace"] = bw
         timeline.append(PeakPoint("forward" if bw is None else "backward", None, terms, ()))
@@ -287,6 +300,11 @@ def predict_peak(
             else _per_unit("grad_shard_bytes", grad_shard_bytes, n)
         )
         shards_total = float(sum(shards))
+        rec = (
+            [0.0] * n
+            if recompute_bytes is None
+            else _per_unit("recompute_bytes", recompute_bytes, n)
+        )
         for phase, order in (("forward", range(n)), ("backward", range(n - 1, -1, -1))):
             if phase == "backward" and ws_at == "before_units" and (bw is not None or head):
                 # start of backward: the loss/head gradients exist, no unit has run backward
@@ -314,6 +332,8 @@ def predict_peak(
                 }
                 if phase == "backward" and grad_shard_bytes is not None:
                     terms["grad_shards"] = float(sum(shards[i + 1 :]))
+                if phase == "backward" and recompute_bytes is not None:
+                    terms["recompute_scratch"] = rec[i]
                 if ws_at == "last_unit" and phase == "backward" and i == n - 1:
                     terms["activations"] += head
                     if bw is not None:

@@ -30,35 +30,54 @@ Schedules (:func:`schedule`) return one ordered list of :class:`Action` per rank
 ``zb-h1``        1F1B with B split into BI and BW; rank r lags its BW by r microbatches so
                  the deferred BW fill the drain bubble, while in-flight microbatches
                  (F started, BW not finished) stay at p, as in 1F1B.
+``zbv``          ZB-V, ``v = 2`` chunks in a V (:mod:`.pipeline_v`: PyTorch's
+                 ``ScheduleZBVZeroBubble`` order); any ``m``.
+``dualpipev``    DualPipe-V, ``v = 2`` chunks in a V (:mod:`.pipeline_v`: PyTorch's
+                 ``ScheduleDualPipeV`` order, its overlapped F/B pairs as F then B); ``m >= 2p``.
 
-Simulator (:func:`simulate`): every rank executes its list in order; an action starts when
-the rank is free and its dependencies have finished (+ ``comm`` if on another rank):
-F on virtual stage k after F on k-1; B/BI on k after B/BI on k+1 and F on k; BW after BI
-on the same stage. ``costs`` are per microbatch for a whole rank's layers; a chunk action
-costs ``cost / v``. In-flight microbatches of a rank count ``(microbatch, chunk)`` pairs
-between the start of F and the end of B (or BW). ``stage_costs`` (one dict per rank)
+Placement (:func:`placement`, :func:`virtual_stage`, :func:`stage_rank`): ``"loop"`` puts
+virtual stage ``c p + r`` on rank ``r`` as chunk ``c``; ``"v"`` (zbv, dualpipev) puts stages
+``r`` and ``2p-1-r`` on rank ``r``. :func:`schedule` returns a :class:`Schedule` (a list of
+per-rank lists) that carries its placement, which :func:`simulate` reads. The V kinds have no
+closed form here (:func:`bubble_time` refuses them): their bubble is the simulator's.
+
+Simulator (:func:`simulate`, in :mod:`.pipeline_sim`): every rank executes its list in
+order; an action starts when the rank is free and its dependencies have finished (+ ``comm``
+if on another rank): F on virtual stage k after F on k-1; B/BI on k after B/BI on k+1 and F
+on k; BW after BI on the same stage (a dependency on the same rank, e.g. stages p-1 and p of
+a V, pays no ``comm``). ``costs`` are per microbatch for a whole rank's layers; a chunk
+action costs ``cost / v``. In-flight microbatches of a rank count ``(microbatch, chunk)``
+pairs between the start of F and the end of B (or BW). ``stage_costs`` (one dict per rank)
 replaces ``costs`` rank by rank, for unbalanced stages or costs measured on each rank.
 
-Point-to-point bytes per rank (:func:`p2p_sent_bytes`): rank ``r`` owns virtual stages
-``c p + r``; each sends its ``b s h`` output forward unless it is the last virtual stage and
-its input gradient backward unless it is the first, ``q`` bytes per element, per microbatch.
-Interior ranks send ``comm.pipeline_p2p_volume``; with ``v = 1`` the first and last send half.
+Point-to-point bytes per rank (:func:`p2p_sent_bytes`): each virtual stage sends its
+``b s h`` output forward unless it is the last and its input gradient backward unless it is
+the first, ``q`` bytes per element, per microbatch, whenever the neighbouring stage lives on
+another rank. Interior ranks send ``comm.pipeline_p2p_volume``; with ``v = 1`` the first and
+last send half; in a V ranks 0 and p-1 send half too (rank 0 holds both ends of the model,
+rank p-1 keeps the p-1 -> p boundary).
 
-Pipeline configuration (:func:`check_pipeline`): the sentence a bad ``(kind, p, m, v,
-n_layer)`` gets before any rank starts; :func:`stage_bounds` cuts ``n_layer`` layers into
-``p v`` contiguous virtual stages; :func:`inflight_bytes` is the peak of saved activations
-of one rank's action list, given the bytes one microbatch leaves on each chunk.
+Pipeline configuration (:func:`check_kind`, :func:`check_pipeline`): the sentence a bad
+``(kind, p, m, v, n_layer)`` gets before any rank starts or any schedule is built;
+:func:`stage_bounds` cuts ``n_layer`` layers into ``p v`` contiguous virtual stages;
+:func:`inflight_bytes` is the peak of saved activations of one rank's action list, given the
+bytes one microbatch leaves on each chunk.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from . import _validate as chk
+from .pipeline_actions import (  # noqa: F401  (re-exported: the schedule vocabulary)
+    ACTION_KINDS,
+    DEFAULT_COSTS,
+    Action,
+    _costs,
+    stage_rank,
+    virtual_stage,
+)
 
-KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1")
-ACTION_KINDS = ("F", "B", "BI", "BW")
-DEFAULT_COSTS = {"F": 1.0, "B": 2.0, "BI": 1.0, "BW": 1.0}
+V_KINDS = ("zbv", "dualpipev")  # two chunks per rank, placed in a V
+KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", *V_KINDS)
 
 
 def _pmv(p, m, vv=1):
@@ -92,6 +111,8 @@ def bubble_time(kind: str, p: int, costs: dict[str, float] | None = None, v: int
     p = chk.positive_int("p", p)
     vv = chk.positive_int("v", v)
     c = _costs(costs)
+    if kind in V_KINDS:
+        raise ValueError(f"kind={kind!r} has no closed-form bubble here; use simulate()")
     if kind == "zb-h1":
         # Qi et al.'s bound assumes every deferred BW fits into a bubble of length F + BI.
         # The fixed-lag order of schedule("zb-h1") reaches it when F == BI == BW; for other
@@ -118,28 +139,13 @@ def schedule_idle_fraction(
     ``F = BI = BW`` that is ``(p-1) / (p - 1 + 3 m)``. ``costs`` as in :func:`bubble_time`.
     """
     check_pipeline(kind, p, m, v)  # kind, sizes, v > 1 only interleaved, m % p for interleaved
+    if kind in V_KINDS:
+        raise ValueError(f"kind={kind!r} has no closed-form idle fraction here; use simulate()")
     if kind != "zb-h1":
         return idle_fraction(p, m, v)
     c = _costs(costs)
     idle = bubble_time("zb-h1", p, c)
     return idle / (idle + m * (c["F"] + c["BI"] + c["BW"]))
-
-
-@dataclass(frozen=True, order=True)
-class Action:
-    """One unit of work on a rank: ``kind`` of ``microbatch`` on model ``chunk``."""
-
-    kind: str
-    microbatch: int
-    chunk: int = 0
-
-    def __post_init__(self) -> None:
-        chk.choice("kind", self.kind, ACTION_KINDS)
-        chk.nonneg_int("microbatch", self.microbatch)
-        chk.nonneg_int("chunk", self.chunk)
-
-    def __str__(self) -> str:
-        return f"{self.kind}{self.microbatch}" + (f".{self.chunk}" if self.chunk else "")
 
 
 def _one_f_one_b(r: int, p: int, m: int, split: bool) -> list[Action]:
@@ -182,9 +188,24 @@ def _interleaved(r: int, p: int, m: int, vv: int) -> list[Action]:
     return out
 
 
-def _check_kind(kind: str, p: int, m: int, v: int) -> tuple[str, int, int, int]:
+def check_kind(kind: str, p: int, m: int, v: int = 1) -> tuple[str, int, int, int]:
+    """The one check of a schedule's ``(kind, p, m, v)``, which :func:`schedule`,
+    :func:`schedule_size`, :func:`check_pipeline`, the pipeline calculator and ``shardlab
+    bubble`` all use: ``kind`` one of :data:`KINDS`, positive sizes, ``v > 1`` only for
+    ``interleaved`` (no other kind is read as interleaved), ``m % p == 0`` for interleaved,
+    ``v == 2`` for the V kinds and ``m >= 2p`` for dualpipev.
+    Returns the checked values; a ``ValueError`` names them otherwise."""
     kind = chk.choice("kind", kind, KINDS)
     p, m, vv = _pmv(p, m, v)
+    if kind in V_KINDS:
+        if vv != 2:
+            raise ValueError(
+                f"kind={kind!r} places 2 chunks per rank in a V (stages r and 2p-1-r): "
+                f"needs v=2, got v={vv}"
+            )
+        if kind == "dualpipev" and m < 2 * p:
+            raise ValueError(f"dualpipev needs m >= 2p microbatches, got m={m}, p={p}")
+        return kind, p, m, vv
     if kind != "interleaved" and vv != 1:
         raise ValueError(f"v={vv} chunks need kind='interleaved', not kind={kind!r}")
     if kind == "interleaved" and m % p:
@@ -197,206 +218,82 @@ def schedule_size(kind: str, p: int, m: int, v: int = 1) -> int:
 
     Every rank runs a forward and a backward of each of its ``v`` chunks for each of the ``m``
     microbatches; zero bubble splits the backward in two (``BI`` and ``BW``):
-    ``p * m * v * (3 if kind == "zb-h1" else 2)``. Callers use it to bound simulated work.
+    ``p * m * v * (3 if kind in ("zb-h1", "zbv") else 2)``, plus one ``BW`` per backward
+    DualPipe-V splits (``pipeline_v.dualpipev_splits``). Callers use it to bound simulated work.
     """
-    kind, p, m, vv = _check_kind(kind, p, m, v)
-    return p * m * vv * (3 if kind == "zb-h1" else 2)
+    kind, p, m, vv = check_kind(kind, p, m, v)
+    if kind == "dualpipev":
+        from .pipeline_v import dualpipev_splits
+
+        return 2 * p * m * vv + sum(dualpipev_splits(r, p) for r in range(p))
+    return p * m * vv * (3 if kind in ("zb-h1", "zbv") else 2)
 
 
-def schedule(kind: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
+class Schedule(list):
+    """Per-rank action lists (a ``list`` of lists) that know where their chunks live:
+    ``placement`` is ``"loop"`` or ``"v"`` (see :func:`virtual_stage`)."""
+
+    def __init__(self, ranks, placement: str = "loop") -> None:
+        super().__init__(ranks)
+        self.placement = chk.choice("placement", placement, PLACEMENTS)
+
+
+PLACEMENTS = ("loop", "v")
+
+
+def placement(kind: str) -> str:
+    """Where ``kind`` puts the chunks: ``"v"`` for :data:`V_KINDS`, else ``"loop"``."""
+    return "v" if chk.choice("kind", kind, KINDS) in V_KINDS else "loop"
+
+
+def schedule(kind: str, p: int, m: int, v: int = 1) -> Schedule:
     """Per-rank ordered actions of ``kind`` for ``p`` stages and ``m`` microbatches."""
-    kind, p, m, vv = _check_kind(kind, p, m, v)
+    kind, p, m, vv = check_kind(kind, p, m, v)
     if kind == "gpipe":
-        return [[Action(k, i) for k in ("F", "B") for i in range(m)] for _ in range(p)]
+        return Schedule([[Action(k, i) for k in ("F", "B") for i in range(m)] for _ in range(p)])
     if kind in ("1f1b", "zb-h1"):
-        return [_one_f_one_b(r, p, m, split=kind == "zb-h1") for r in range(p)]
-    return [_interleaved(r, p, m, vv) for r in range(p)]
+        return Schedule([_one_f_one_b(r, p, m, split=kind == "zb-h1") for r in range(p)])
+    if kind in V_KINDS:
+        from .pipeline_v import dualpipev_rank, zbv_rank
 
-
-@dataclass(frozen=True)
-class SimResult:
-    makespan: float
-    idle_per_stage: tuple[float, ...]
-    busy_per_stage: tuple[float, ...]
-    bubble_fraction: float
-    peak_inflight: tuple[int, ...]
-    timeline: tuple[tuple[tuple[float, float, Action], ...], ...]  # per rank (start, end, a)
-
-    @property
-    def bubble_time(self) -> float:
-        """Idle time summed over ranks."""
-        return sum(self.idle_per_stage)
-
-    def as_rows(self) -> list[dict[str, object]]:
-        return [
-            {"stage": r, "busy": b, "idle": i, "peak_inflight": k}
-            for r, (b, i, k) in enumerate(
-                zip(self.busy_per_stage, self.idle_per_stage, self.peak_inflight)
-            )
-        ]
-
-
-def _costs(costs: dict[str, float] | None) -> dict[str, float]:
-    c = dict(DEFAULT_COSTS)
-    for k, x in (costs or {}).items():
-        chk.choice("costs key", k, ACTION_KINDS)
-        c[k] = chk.nonneg_number(f"costs[{k!r}]", x)
-    return c
-
-
-def _costs_only(costs: dict[str, float] | None, label: str) -> dict[str, float]:
-    out = {}
-    for k, x in (costs or {}).items():
-        chk.choice(f"{label} key", k, ACTION_KINDS)
-        out[k] = chk.nonneg_number(f"{label}[{k!r}]", x)
-    return out
-
-
-def _check_schedule(sched, p: int) -> int:
-    if not isinstance(sched, (list, tuple)):
-        raise ValueError(f"schedule={sched!r} must be a list with one action list per stage")
-    if len(sched) != p:
-        raise ValueError(f"schedule has {len(sched)} stages but p={p}")
-    chunks = 1 + max((a.chunk for acts in sched for a in acts), default=0)
-    for r, acts in enumerate(sched):
-        seen: dict[tuple[str, int, int], int] = {}
-        for a in acts:
-            if not isinstance(a, Action):
-                raise ValueError(f"stage {r} holds {a!r}, not an Action")
-            key = (a.kind, a.microbatch, a.chunk)
-            if key in seen:
-                raise ValueError(f"stage {r} runs {a} twice")
-            seen[key] = 1
-        for kind, mb, c in seen:
-            has_b = ("B", mb, c) in seen
-            has_split = ("BI", mb, c) in seen and ("BW", mb, c) in seen
-            if kind == "F" and has_b == has_split:
-                raise ValueError(f"stage {r}: F{mb}.{c} needs exactly one of B or BI+BW")
-            if kind != "F" and ("F", mb, c) not in seen:
-                raise ValueError(f"stage {r}: {kind}{mb}.{c} has no forward")
-    return chunks
-
-
-def simulate(
-    sched: list[list[Action]],
-    p: int,
-    costs: dict[str, float] | None = None,
-    comm: float = 0.0,
-    stage_costs: list[dict[str, float]] | None = None,
-) -> SimResult:
-    """Run ``sched`` event by event; see the module docstring for the dependency rules.
-
-    ``stage_costs``: one cost dict per rank (missing keys fall back to ``costs``, then the
-    defaults), e.g. the per-action times measured on each rank of a real run.
-    """
-    p = chk.positive_int("p", p)
-    per_rank = _per_rank_costs(costs, stage_costs, p)
-    delay = chk.nonneg_number("comm", comm)
-    nchunks = _check_schedule(sched, p)
-    done: dict[tuple[str, int, int], tuple[float, int]] = {}  # (kind, mb, vstage) -> (t, rank)
-
-    def ready_time(r: int, a: Action) -> float | None:
-        return _ready_time(done, p, nchunks, delay, r, a)
-
-    pos = [0] * p
-    free = [0.0] * p
-    timeline: list[list[tuple[float, float, Action]]] = [[] for _ in range(p)]
-    remaining = sum(len(s) for s in sched)
-    while remaining:
-        progressed = False
-        for r in range(p):
-            while pos[r] < len(sched[r]):
-                a = sched[r][pos[r]]
-                t = ready_time(r, a)
-                if t is None:
-                    break
-                start = max(free[r], t)
-                end = start + per_rank[r][a.kind] / nchunks
-                free[r] = end
-                timeline[r].append((start, end, a))
-                _finish(done, p, r, a, end)
-                pos[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            stuck = {r: str(sched[r][pos[r]]) for r in range(p) if pos[r] < len(sched[r])}
-            raise ValueError(f"schedule deadlocks; waiting actions per stage: {stuck}")
-    return _result(sched, timeline)
-
-
-def _per_rank_costs(costs, stage_costs, p: int) -> list[dict[str, float]]:
-    c = _costs(costs)
-    if stage_costs is None:
-        return [c] * p
-    if not isinstance(stage_costs, (list, tuple)) or len(stage_costs) != p:
-        raise ValueError(f"stage_costs={stage_costs!r} needs one cost dict per stage, p={p}")
-    return [{**c, **_costs_only(sc, f"stage_costs[{r}]")} for r, sc in enumerate(stage_costs)]
-
-
-def _ready_time(done, p: int, nchunks: int, delay: float, r: int, a: Action) -> float | None:
-    """When ``a`` on rank ``r`` may start given the finished actions ``done`` (None: not yet)."""
-    k, last = a.chunk * p + r, p * nchunks - 1
-    deps: list[tuple[str, ...]] = []
-    if a.kind == "F":
-        deps = [("F", a.microbatch, k - 1)] if k else []
-    elif a.kind in ("B", "BI"):
-        deps = [("F", a.microbatch, k)] + ([("G", a.microbatch, k + 1)] if k < last else [])
-    else:
-        deps = [("G", a.microbatch, k)]
-    t = 0.0
-    for d in deps:
-        if d not in done:
-            return None
-        end, rank = done[d]
-        t = max(t, end + (delay if rank != r else 0.0))
-    return t
-
-
-def _finish(done, p: int, r: int, a: Action, end: float) -> None:
-    k = a.chunk * p + r
-    done[(a.kind, a.microbatch, k)] = (end, r)
-    if a.kind in ("B", "BI"):  # the input gradient the stage below waits for
-        done[("G", a.microbatch, k)] = (end, r)
-
-
-def _result(sched, timeline) -> SimResult:
-    """Makespan, idle and busy time per rank, and peak in-flight counts of a timeline."""
-    p = len(sched)
-    makespan = max((tl[-1][1] for tl in timeline if tl), default=0.0)
-    busy = tuple(sum(e - s for s, e, _ in tl) for tl in timeline)
-    idle = tuple(makespan - b for b in busy)
-    peaks = []
-    for acts in sched:
-        split = {(a.microbatch, a.chunk) for a in acts if a.kind == "BW"}
-        now = peak = 0
-        for a in acts:
-            if a.kind == "F":
-                now += 1
-                peak = max(peak, now)
-            elif a.kind == "BW" or (a.kind in ("B", "BI") and (a.microbatch, a.chunk) not in split):
-                now -= 1
-        peaks.append(peak)
-    frac = sum(idle) / (p * makespan) if makespan else 0.0
-    return SimResult(makespan, idle, busy, frac, tuple(peaks), tuple(tuple(tl) for tl in timeline))
+        gen = zbv_rank if kind == "zbv" else dualpipev_rank
+        return Schedule([gen(r, p, m) for r in range(p)], "v")
+    return Schedule([_interleaved(r, p, m, vv) for r in range(p)])
 
 
 def p2p_sent_bytes(
-    rank: int, p: int, b: int, s: int, h: int, q: float = 2, m: int = 1, v: int = 1
+    rank: int,
+    p: int,
+    b: int,
+    s: int,
+    h: int,
+    q: float = 2,
+    m: int = 1,
+    v: int = 1,
+    placement: str = "loop",
 ) -> float:
     """Bytes rank ``rank`` of ``p`` sends per step: one ``q b s h`` message forward per
     microbatch and virtual stage that is not the last, one backward per virtual stage that is
-    not the first. Interior ranks send ``comm.pipeline_p2p_volume(b, s, h, q, m, v)``."""
+    not the first, each only when the neighbouring stage is on another rank (``placement``
+    as in :func:`virtual_stage`). Interior ranks send ``comm.pipeline_p2p_volume(b, s, h, q,
+    m, v)``; rank 0 and rank p-1 send one message per microbatch fewer each in a loop (no
+    stage before 0, none after the last), two fewer in a V (rank 0 holds both ends, rank p-1
+    keeps the p-1 -> p boundary in both directions)."""
     from .comm import pipeline_p2p_volume
 
     p, m, vv = _pmv(p, m, v)
     r = chk.nonneg_int("rank", rank)
+    place = chk.choice("placement", placement, PLACEMENTS)
     if r >= p:
         raise ValueError(f"rank={r} must be below p={p}")
+    if place == "v" and vv != 2:
+        raise ValueError(f"placement='v' holds 2 chunks per rank, got v={vv}")
     if p == 1:
         return 0.0
     per_message = pipeline_p2p_volume(b, s, h, q, microbatches=m) / (2 * m)  # q b s h
-    # rank 0 owns virtual stage 0 (nothing to send backward), rank p-1 the last one
-    edges = (r == 0) + (r == p - 1)
+    # the messages that stay on the rank: none before stage 0, none after the last stage, and
+    # in a V the two directions of the p-1 -> p boundary on rank p-1
+    edges = ((r == 0) + (r == p - 1)) * (2 if place == "v" else 1)
     return pipeline_p2p_volume(b, s, h, q, microbatches=m, chunks=vv) - edges * m * per_message
 
 
@@ -419,17 +316,30 @@ def check_pipeline(kind: str, p: int, m: int, v: int = 1, n_layer: int | None = 
     """Raise a ``ValueError`` naming the values when ``(kind, p, m, v, n_layer)`` cannot run:
     unknown kind, ``v > 1`` outside interleaved, ``m % p`` for interleaved, more virtual
     stages than layers or layers that do not divide into them."""
-    schedule(kind, p, m, v)  # validates kind, p, m, v and m % p for interleaved
+    check_kind(kind, p, m, v)  # kind, p, m, v and m % p for interleaved
     if n_layer is not None:
         stage_bounds(n_layer, p, v)
 
 
-def inflight_bytes(actions: list[Action], chunk_bytes: list[float]) -> float:
+def inflight_bytes(
+    actions: list[Action], chunk_bytes: list[float], kept_bytes: list[float] | None = None
+) -> float:
     """Peak saved-activation bytes of one rank running ``actions``: a ``(microbatch, chunk)``
     holds ``chunk_bytes[chunk]`` from the start of its F to the end of its B (or BW, when
-    the list splits the backward). For ``v = 1`` this is ``chunk_bytes[0]`` times
-    ``simulate(...).peak_inflight`` of the rank."""
+    the list splits the backward). With ``kept_bytes``, a split backward releases all but
+    ``kept_bytes[chunk]`` at the end of its BI (what the weight gradients read: lab 05's BI
+    keeps each weight-owning layer's input) and those at the end of its BW. For ``v = 1`` and
+    no ``kept_bytes`` this is ``chunk_bytes[0]`` times ``simulate(...).peak_inflight``."""
     sizes = [chk.nonneg_number(f"chunk_bytes[{i}]", x) for i, x in enumerate(chunk_bytes)]
+    kept = (
+        sizes
+        if kept_bytes is None
+        else [chk.nonneg_number(f"kept_bytes[{i}]", x) for i, x in enumerate(kept_bytes)]
+    )
+    if len(kept) != len(sizes):
+        raise ValueError(f"kept_bytes has {len(kept)} entries, chunk_bytes {len(sizes)}")
+    if any(k > c for k, c in zip(kept, sizes)):
+        raise ValueError(f"kept_bytes={kept} must not exceed chunk_bytes={sizes}")
     split = {(a.microbatch, a.chunk) for a in actions if a.kind == "BW"}
     now = peak = 0.0
     for a in actions:
@@ -440,6 +350,23 @@ def inflight_bytes(actions: list[Action], chunk_bytes: list[float]) -> float:
         if a.kind == "F":
             now += sizes[a.chunk]
             peak = max(peak, now)
-        elif a.kind == "BW" or (a.kind in ("B", "BI") and (a.microbatch, a.chunk) not in split):
+        elif a.kind == "BW":
+            now -= kept[a.chunk]
+        elif (a.microbatch, a.chunk) in split:  # BI of a split backward: keep the layer inputs
+            now -= sizes[a.chunk] - kept[a.chunk]
+        else:  # B (or a BI without BW, which frees everything)
             now -= sizes[a.chunk]
     return peak
+
+
+# the event-driven simulator lives in pipeline_sim.py (this module's size); it is part of
+# this module's interface and imported here, after everything it uses is defined
+from .pipeline_sim import SimResult, simulate  # noqa: E402
+
+__all__ = [
+    "ACTION_KINDS", "DEFAULT_COSTS", "KINDS", "PLACEMENTS", "V_KINDS", "Action", "Schedule",
+    "SimResult", "bubble_ratio", "bubble_time", "check_kind", "check_pipeline",
+    "idle_fraction", "inflight_bytes", "p2p_sent_bytes", "placement", "schedule",
+    "schedule_idle_fraction", "schedule_size", "simulate", "stage_bounds", "stage_rank",
+    "utilization", "virtual_stage",
+]  # fmt: skip

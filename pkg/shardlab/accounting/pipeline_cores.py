@@ -21,15 +21,8 @@ simulation's and (total work) / cores.
 from __future__ import annotations
 
 from . import _validate as chk
-from .pipeline import (
-    Action,
-    SimResult,
-    _check_schedule,
-    _finish,
-    _per_rank_costs,
-    _ready_time,
-    _result,
-)
+from .pipeline import Action, SimResult
+from .pipeline_sim import _check_schedule, _finish, _per_rank_costs, _ready_time, _result
 
 
 def simulate_shared(
@@ -50,6 +43,7 @@ def simulate_shared(
     per_rank = _per_rank_costs(costs, stage_costs, p)
     delay = chk.nonneg_number("comm", comm)
     nchunks = _check_schedule(sched, p)
+    place = getattr(sched, "placement", "loop")  # where the chunks live (loop or V)
     done: dict[tuple[str, int, int], tuple[float, int]] = {}
     pos = [0] * p
     running: dict[int, list] = {}  # rank -> [action, work left, start]
@@ -61,7 +55,7 @@ def simulate_shared(
             if r in running or pos[r] == len(sched[r]):
                 continue
             a = sched[r][pos[r]]
-            t = _ready_time(done, p, nchunks, delay, r, a)
+            t = _ready_time(done, p, nchunks, delay, r, a, place)
             if t is None:
                 continue
             if t <= now:
@@ -80,7 +74,7 @@ def simulate_shared(
             if job[1] <= 1e-12 * max(1.0, now):  # done (up to rounding)
                 a, _, start = job
                 timeline[r].append((start, now, a))
-                _finish(done, p, r, a, now)
+                _finish(done, p, r, a, now, place)
                 del running[r]
                 pos[r] += 1
                 remaining -= 1

@@ -1,44 +1,59 @@
-"""Layout planner: every ``(D, t, p, c, ep, ZeRO, recompute, m, v)`` checked, costed and ranked.
+"""Layout planner: every ``(D, t, p, c, ep, ZeRO, recompute, m, v, SP)`` checked, costed and ranked.
 
 Lecture 8, "Real runs combine layouts"; Narayanan et al., *Megatron-LM* (2021), Sec. 3;
-Grattafiori et al., *The Llama 3 Herd of Models* (2024), Sec. 3.3. Pure Python, closed forms
-only, so :func:`plan` answers in well under a second for a 16,384-GPU cluster.
+Korthikanti et al. (2022); Grattafiori et al., *The Llama 3 Herd of Models* (2024), Sec. 3.3.
+Pure Python, closed forms only, so :func:`plan` answers in well under a second for a
+16,384-GPU cluster.
 
-**Search.** ``t`` (powers of two up to twice a node), ``c`` and ``p`` (powers of two),
-``D = G / (t c p)``, ``v`` in ``1, 2, 4, 8``, ``ep`` (powers of two dividing the experts, MoE
-only), ZeRO stage 0-3 over the ``D c`` ranks that hold the same weights (context ranks hold
-the same weights as data ranks; expert weights over ``edp = D c t / ep``), recompute
-``none``/``selective``/``full``; ``m = global batch / (D b)`` microbatches. Sequence
-parallelism is always on with ``t > 1`` (it costs no extra bytes, :func:`.comm.tp_volume`).
+**Search** (:mod:`.layout_search`, which also says what is pruned and why): every divisor of
+``G`` for ``t`` (up to twice a node), ``c`` and ``p``; ``D = G / (t c p)``; ``v`` from 1 up
+to ``L / p``; ``ep`` every divisor of the experts (MoE only); ZeRO stage 0-3 over the ``D c``
+ranks that hold the same weights (context ranks hold the same weights as data ranks; expert
+weights over ``edp = D c t / ep``), ZeRO-3 also without resharding after forward (``reshard``
+False: the gathered layers stay until their backward, one all-gather per layer and microbatch),
+and ZeRO-1/2/3 hybrid-sharded (HSDP, ``replicas > 1``: sharded inside the largest group of
+data ranks one node holds, replicated across nodes; :func:`.layout_types.hsdp_replicas`);
+recompute ``none``/``selective``/``full``; sequence
+parallelism on or off (``sp``: ``None`` = on wherever ``t`` divides ``s / c``, off elsewhere);
+``m = global batch / (D b)`` microbatches.
 
 **Rejected**, with the first reason that applies (:data:`REASONS`): ``divisibility``
-(``t c p`` vs ``G``, heads/K-V heads/FFN/vocabulary vs ``t``, sequence vs ``c`` and ``t``, batch
-vs ``D b``, ``m % p`` for ``v > 1``, experts vs ``ep``); ``t beyond a node`` (a tensor group
-must sit inside one node); ``too many stages`` (``p v > L``); ``bubble too large``
+(heads/K-V heads/FFN/vocabulary vs ``t``, sequence vs ``c`` and, with SP, ``s / c`` vs ``t``,
+batch vs ``D b``, ``m % p`` for ``v > 1``, experts vs ``ep``); ``t beyond a node`` (a tensor
+group must sit inside one aligned node); ``too many stages`` (``p v > L``); ``bubble too large``
 (:func:`.pipeline.idle_fraction` above ``max_bubble``); ``out of memory`` (by how much).
 
 **Memory** of the first and the last stage (the larger counts), term by term, through
 :func:`.peak.predict_peak`: ``persistent`` = :func:`.memory.model_state` of the rank's
 parameters (``ceil(L / (p v)) v`` layers, ``1/t`` of dense weights, ``1/ep`` of expert
-weights; embedding on the first stage, head on the last); ZeRO-3 gathers one layer at a
-time with one prefetched; ``activations`` = :func:`.activations.activation_bytes_per_layer`
-of the model's own layer (:attr:`.compute.ModelShape.activation_layer`: MLP width, a gated
-MLP's third ``f``-wide tensor, grouped-query attention's ``kv_heads``, dropout, norm; the
-Korthikanti constants only for a GPT-style layer) at the local sequence ``s/c`` times the
-layers times the chunks in flight (:func:`inflight_chunks`); ``recompute_scratch`` = one
-layer's recomputed tensors (selective:
-its attention core; full: all of it), as chapters 2 and 4 add it; ``backward_workspace`` =
+weights; embedding on the first stage, head on the last, and with tied embeddings under
+pipelining a copy of the embedding on the last; with ``embedding_in_split`` the first and
+the last stage hold one layer fewer); ZeRO-3 gathers one layer at a time with one prefetched
+(every layer of the stage when it does not reshard after forward); ``activations`` = :func:`.activations.activation_bytes_per_layer` of the model's
+own layer (:attr:`.compute.ModelShape.activation_layer`) in the mode of its recompute and SP
+setting (``tp_sp`` / ``tp_sp_selective`` / ``full_recompute`` with its input split ``t`` ways
+under SP; without SP ``tp`` / ``tp_selective`` / ``full_recompute`` replicated) at the local
+sequence ``s/c`` times the layers times the chunks in flight (:func:`inflight_chunks`). The
+attention kernel assumed is one that **materializes the scores** (the ``a s^2 b`` term; a
+flash kernel keeps them on chip, and "selective" is the closer model of it).
+``recompute_scratch`` = one layer's recomputed tensors; ``backward_workspace`` =
 :func:`.peak.logits_workspace` of the vocabulary-parallel logits on the last stage.
 
-**Time** (:mod:`.compute`): per microbatch a rank computes forward ``F``, backward ``2F`` and
-the recomputation at ``peak x efficiency``; tensor-parallel collectives and the MoE
-all-to-alls sit on the critical path (exposed); context-parallel K/V passes hide behind the
-attention core (roofline); pipeline sends hide behind other microbatches except along the
-fill and drain (``2 (p v - 1)`` transfers, counted in the bubble); the gradient reduction
-hides behind one microbatch's compute (ZeRO-2: every backward; ZeRO-3's gathers behind every
-microbatch). Step = ``m`` microbatches + :func:`.pipeline.bubble_time` + exposed traffic;
-MFU = :func:`.compute.mfu` of the model FLOPs. Heads and embedding work is spread evenly
-over the stages (Llama 3 moves a layer off the first and the last stage for this).
+**Time** (:mod:`.gemm`, :mod:`.compute`): per microbatch a rank runs each GEMM of its layers
+(and ``1/p`` of the head) at the efficiency its arithmetic intensity allows against the
+device's ridge, capped at ``Cluster.efficiency`` (:func:`.gemm.gemm_efficiency`; with
+``hbm_bandwidth=None`` every GEMM at the cap); attention FLOPs are halved when ``causal``
+(the kernel skips the masked half; ``causal=False`` counts the full score matrix, as
+Megatron-LM's and PaLM's FLOP counts do). Backward costs twice the forward, recomputation
+the attention cores (selective) or the layers (full) again. Tensor-parallel collectives and
+the MoE all-to-alls sit on the critical path (exposed); context-parallel K/V passes hide
+behind the attention core (roofline); pipeline sends hide behind other microbatches except
+along the fill and drain (``2 (p v - 1)`` transfers, counted in the bubble); the gradient
+reduction hides behind one microbatch's compute (ZeRO-2: every backward; ZeRO-3's gathers
+behind every microbatch; HSDP's all-reduce of the gradient shards across the replicas is
+added to the same hidden traffic, on the replicas' link). Step = ``m`` microbatches + :func:`.pipeline.bubble_time` + exposed
+traffic; MFU = :func:`.compute.mfu` of the model FLOPs, HFU of the model plus recomputed
+FLOPs. Heads and embedding work is spread evenly over the stages.
 """
 
 from __future__ import annotations
@@ -47,11 +62,23 @@ from dataclasses import dataclass, field
 
 from . import _validate as chk
 from .compute import ModelShape
-from .context import kv_heads_per_rank
-from .layout_cost import (
+from .layout_cost import cost_layouts
+from .layout_search import (
+    REASONS,
+    check_size,
+    chunk_counts,
+    chunk_rejection,
+    ep_rejection,
+    geometries,
+    geometry_rejection,
+)
+from .layout_types import (
     AXES,
+    DEFAULT_RESERVE,
     FIELDS,
     LLAMA3_CLUSTER,
+    MAX_GPUS,
+    MAX_LAYERS,
     RECOMPUTE_MODES,
     ZERO_LAYOUTS,
     Candidate,
@@ -59,24 +86,17 @@ from .layout_cost import (
     Layout,
     Rejection,
     _check_opts,
-    _inside,
-    _Opts,
-    _pow2,
-    cost_layouts,
+    divisors,
+    hsdp_replicas,
     inflight_chunks,
     recompute_scratch,
 )
-from .pipeline import idle_fraction
 
 __all__ = [
-    "AXES", "CHUNKS", "FIELDS", "LLAMA3_CLUSTER", "LLAMA3_CONFIGS", "REASONS",
+    "AXES", "DEFAULT_RESERVE", "FIELDS", "LLAMA3_CLUSTER", "LLAMA3_CONFIGS", "MAX_GPUS", "MAX_LAYERS", "REASONS",
     "RECOMPUTE_MODES", "ZERO_LAYOUTS", "Candidate", "Cluster", "Layout", "Plan", "Rejection",
-    "evaluate", "inflight_chunks", "plan", "recompute_scratch",
-]  # fmt: skip
-
-REASONS = ("divisibility", "t beyond a node", "too many stages", "bubble too large",
-           "out of memory")  # fmt: skip
-CHUNKS = (1, 2, 4, 8)
+    "divisors", "evaluate", "inflight_chunks", "plan", "recompute_scratch",
+]
 
 # Llama 3 405B, Table 4 of the report: about 16M tokens per step at both context lengths
 # (2,048 sequences of 8,192 tokens; 128 of 131,072) and the two meshes it used.
@@ -86,63 +106,12 @@ LLAMA3_CONFIGS = {
 }
 
 
-def _geometry_rejection(model, cl, D, t, p, c, o: _Opts) -> Rejection | None:
-    lay = Layout(D, t, p, c, None, None, None, max(1, o.batch // (D * o.b)), None)
-    for name, value in (("heads", model.heads), ("hidden", model.hidden), ("ffn", model.ffn),
-                        ("vocab", model.vocab)):  # fmt: skip
-        if value % t:
-            return Rejection(lay, "divisibility", f"t={t} does not divide {name}={value}")
-    try:
-        kv_heads_per_rank(model.kv_heads, t)
-    except ValueError as exc:
-        return Rejection(lay, "divisibility", str(exc))
-    s = model.seq_len
-    if s % c:
-        return Rejection(lay, "divisibility", f"c={c} does not divide seq_len={s}")
-    if (s // c) % t:
-        return Rejection(lay, "divisibility",
-                         f"t={t} does not divide the local sequence s/c={s // c} (sequence "
-                         "parallelism)")  # fmt: skip
-    if o.batch % (D * o.b):
-        return Rejection(lay, "divisibility",
-                         f"D*b = {D}*{o.b} does not divide global_batch={o.batch}")  # fmt: skip
-    if not _inside(1, t, cl.gpus_per_node):
-        return Rejection(lay, "t beyond a node",
-                         f"t={t} tensor ranks do not fit in one node of {cl.gpus_per_node} GPUs")  # fmt: skip
-    return None
-
-
-def _chunk_rejection(model, D, t, p, c, vv, m, o: _Opts) -> Rejection | None:
-    lay = Layout(D, t, p, c, None, None, None, m, vv)
-    if p * vv > model.layers:
-        return Rejection(lay, "too many stages",
-                         f"p*v = {p}*{vv} = {p * vv} virtual stages > layers={model.layers}")  # fmt: skip
-    if vv > 1 and m % p:
-        return Rejection(lay, "divisibility", f"interleaving (v={vv}) needs p={p} to divide m={m}")
-    idle = idle_fraction(p, m, vv)
-    if idle > o.max_bubble:
-        return Rejection(lay, "bubble too large",
-                         f"idle fraction {idle:.1%} of p={p}, m={m}, v={vv} exceeds "
-                         f"max_bubble={o.max_bubble:.0%}")  # fmt: skip
-    return None
-
-
-def _ep_rejection(model, D, t, p, c, vv, ep, m) -> Rejection | None:
-    if model.experts == 1:
-        return None
-    lay = Layout(D, t, p, c, ep, None, None, m, vv)
-    if model.experts % ep:
-        return Rejection(lay, "divisibility", f"ep={ep} does not divide experts={model.experts}")
-    if (D * c * t) % ep:
-        return Rejection(lay, "divisibility", f"ep={ep} does not divide D*c*t = {D * c * t}")
-    return None
-
-
 def _check_inputs(model, cluster) -> None:
     if not isinstance(model, ModelShape):
         raise ValueError(f"model={model!r} must be a ModelShape")
     if not isinstance(cluster, Cluster):
         raise ValueError(f"cluster={cluster!r} must be a Cluster")
+    check_size(model, cluster)
 
 
 def evaluate(
@@ -152,16 +121,20 @@ def evaluate(
     global_batch: int,
     microbatch: int = 1,
     recipe: str = "mixed-adam-16",
-    reserve: float = 0.1,
+    reserve: float = DEFAULT_RESERVE,
     max_bubble: float = 0.25,
     q: float = 2,
     causal: bool = True,
+    embedding_in_split: bool = False,
 ) -> Candidate | Rejection:
     """Check and cost one layout (module docstring); a :class:`Rejection` says why not.
 
-    ``layout.m`` must equal ``global_batch / (D b)`` (the planner derives it)."""
+    ``layout.m`` must equal ``global_batch / (D b)`` (the planner derives it); ``layout.sp``
+    says whether sequence parallelism is on (``t = 1``: ignored). ``embedding_in_split``: the
+    embedding and the head count as one layer each when the layers are split into stages."""
     _check_inputs(model, cluster)
-    o = _check_opts(global_batch, microbatch, recipe, reserve, max_bubble, q, causal)
+    o = _check_opts(global_batch, microbatch, recipe, reserve, max_bubble, q, causal,
+                    embedding_in_split)
     lay = layout
     if not isinstance(lay, Layout):
         raise ValueError(f"layout={lay!r} must be a Layout")
@@ -169,19 +142,30 @@ def evaluate(
         chk.integer(name, getattr(lay, name), minimum=0 if name == "zero" else 1)
     chk.choice("zero", str(lay.zero), [str(z) for z in ZERO_LAYOUTS])
     chk.choice("recompute", lay.recompute, RECOMPUTE_MODES)
+    sp = True if lay.t == 1 else chk.flag("sp", lay.sp)
+    reshard = chk.flag("reshard", lay.reshard)
+    if not reshard and lay.zero != 3:
+        raise ValueError(f"reshard=False needs zero=3 (ZeRO-{lay.zero} gathers no parameters)")
+    reps = chk.integer("replicas", lay.replicas, minimum=1)
+    if reps > 1 and lay.zero == 0:
+        raise ValueError(f"replicas={reps} needs zero 1, 2 or 3 (ZeRO-0 replicates everything)")
+    if reps > 1 and lay.D % reps:
+        raise ValueError(f"replicas={reps} must divide D={lay.D} (HSDP replicates whole "
+                         "shard groups)")
     if lay.D * lay.t * lay.c * lay.p != cluster.gpus:
         return Rejection(lay, "divisibility",
-                         f"D*t*c*p = {lay.D}*{lay.t}*{lay.c}*{lay.p} != G={cluster.gpus}")  # fmt: skip
+                         f"D*t*c*p = {lay.D}*{lay.t}*{lay.c}*{lay.p} != G={cluster.gpus}")
     m = max(1, o.batch // (lay.D * o.b))
     if lay.m != m:
         raise ValueError(f"m={lay.m} but global_batch/(D*b) = {o.batch}/({lay.D}*{o.b}) gives {m}")
-    rj = (_geometry_rejection(model, cluster, lay.D, lay.t, lay.p, lay.c, o)
-          or _chunk_rejection(model, lay.D, lay.t, lay.p, lay.c, lay.v, m, o)
-          or _ep_rejection(model, lay.D, lay.t, lay.p, lay.c, lay.v, lay.ep, m))  # fmt: skip
+    rj = (geometry_rejection(model, cluster, lay.D, lay.t, lay.p, lay.c, o, sp)
+          or chunk_rejection(model, lay.D, lay.t, lay.p, lay.c, lay.v, m, o, sp)
+          or ep_rejection(model, lay.D, lay.t, lay.p, lay.c, lay.v, lay.ep, m, sp))
     if rj is not None:
         return Rejection(lay, rj.reason, rj.detail)
-    return cost_layouts(model, cluster, lay.D, lay.t, lay.p, lay.c, lay.v, lay.ep, (lay.zero,),
-                     (lay.recompute,), o)[0]  # fmt: skip
+    zero = (lay.zero, reshard, reps)
+    return cost_layouts(model, cluster, lay.D, lay.t, lay.p, lay.c, lay.v, lay.ep, (zero,),
+                        (lay.recompute,), o, sp)[0]
 
 
 @dataclass(frozen=True)
@@ -201,15 +185,19 @@ class Plan:
     def find(self, **fields: object) -> list[Candidate]:
         """Feasible candidates whose layout matches every given field (e.g. ``t=8, p=16``)."""
         return [c for c in self.feasible
-                if all(getattr(c.layout, k) == x for k, x in fields.items())]  # fmt: skip
+                if all(getattr(c.layout, k) == x for k, x in fields.items())]
 
     def find_rejected(self, **fields: object) -> list[Rejection]:
         """Rejections matching every given field (``None`` in a rejection matches anything)."""
         return [r for r in self.rejected
-                if all(getattr(r.layout, k) in (x, None) for k, x in fields.items())]  # fmt: skip
+                if all(getattr(r.layout, k) in (x, None) for k, x in fields.items())]
 
     def rank_of(self, cand: Candidate) -> int:
-        """1-based position of ``cand`` in the ranking."""
+        """1-based position of ``cand`` in the ranking (by identity first: comparing
+        candidates field by field is slow on a long ranking)."""
+        for i, c in enumerate(self.feasible):
+            if c is cand:
+                return i + 1
         return self.feasible.index(cand) + 1
 
     def rejected_counts(self) -> dict[str, int]:
@@ -245,56 +233,67 @@ def plan(
     global_batch: int,
     microbatch: int = 1,
     recipe: str = "mixed-adam-16",
-    reserve: float = 0.1,
+    reserve: float = DEFAULT_RESERVE,
     max_bubble: float = 0.25,
     q: float = 2,
     causal: bool = True,
     max_cp: int = 32,
     min_local_seq: int = 1024,
+    sp: bool | None = None,
+    embedding_in_split: bool = False,
+    hsdp: bool = True,
 ) -> Plan:
     """Enumerate, check and rank layouts of ``model`` on ``cluster`` (module docstring).
 
     ``global_batch`` sequences per step, ``microbatch`` sequences per microbatch, ``reserve``
     the fraction of GPU memory kept free for what the accounting leaves out, ``max_bubble``
-    the largest pipeline idle fraction accepted, ``q`` bytes per communicated element.
-    The search bounds: ``c <= max_cp`` and ``s / c >= min_local_seq`` tokens per context rank.
+    the largest pipeline idle fraction accepted, ``q`` bytes per communicated element,
+    ``causal`` whether attention skips the masked half. The search bounds: ``c <= max_cp`` and
+    ``s / c >= min_local_seq`` tokens per context rank; ``sp`` True/False forces sequence
+    parallelism on/off, ``None`` takes it wherever ``t`` divides ``s / c``;
+    ``embedding_in_split`` counts the embedding and the head as one layer each of the stage
+    partition (the first and the last stage then hold one transformer layer fewer); ``hsdp``
+    also costs each geometry's hybrid-sharded layouts (ZeRO-1/2/3 sharded inside a node).
     """
     _check_inputs(model, cluster)
-    o = _check_opts(global_batch, microbatch, recipe, reserve, max_bubble, q, causal)
+    o = _check_opts(global_batch, microbatch, recipe, reserve, max_bubble, q, causal,
+                    embedding_in_split)
     max_c = chk.positive_int("max_cp", max_cp)
     min_s = chk.positive_int("min_local_seq", min_local_seq)
-    G = cluster.gpus
-    ts = [t for t in _pow2(2 * cluster.gpus_per_node) if t <= model.heads]
-    cs = [c for c in _pow2(max_c) if c == 1 or model.seq_len // c >= min_s]
-    ps = _pow2(min(model.layers, G))
-    eps = [e for e in _pow2(model.experts) if model.experts % e == 0] if model.experts > 1 else [1]
-    zeros, recs = tuple(ZERO_LAYOUTS), tuple(RECOMPUTE_MODES)
+    if sp is not None:
+        chk.flag("sp", sp)
+    hsdp = chk.flag("hsdp", hsdp)
+    L = model.layers
+    eps = divisors(model.experts) if model.experts > 1 else [1]
+    recs = tuple(RECOMPUTE_MODES)
     feasible, rejected = [], []
-    for t in ts:
-        for c in cs:
-            for p in ps:
-                if G % (t * c * p):
-                    continue  # not a mesh of G ranks
-                D = G // (t * c * p)
-                rj = _geometry_rejection(model, cluster, D, t, p, c, o)
+    for geo in geometries(model, cluster, o, max_c, min_s, sp):
+        if isinstance(geo, Rejection):
+            rejected.append(geo)
+            continue
+        D, t, p, c, spv = geo
+        m = o.batch // (D * o.b)
+        # nothing to shard over one rank: ZeRO-1/2/3 would be ZeRO-0 again
+        zeros = (*ZERO_LAYOUTS, (3, False)) if D * c > 1 or model.experts > 1 else (0,)
+        reps = tuple(hsdp_replicas(D, c)) if hsdp else ()
+        for vv in chunk_counts(L + (2 if o.embedding_in_split and p > 1 else 0), p):
+            rj = chunk_rejection(model, D, t, p, c, vv, m, o, spv)
+            if rj:
+                rejected.append(rj)
+                continue
+            for ep in eps:
+                rj = ep_rejection(model, D, t, p, c, vv, ep, m, spv)
                 if rj:
                     rejected.append(rj)
                     continue
-                m = o.batch // (D * o.b)
-                for vv in CHUNKS if p > 1 else (1,):
-                    rj = _chunk_rejection(model, D, t, p, c, vv, m, o)
-                    if rj:
-                        rejected.append(rj)
-                        continue
-                    for ep in eps:
-                        rj = _ep_rejection(model, D, t, p, c, vv, ep, m)
-                        if rj:
-                            rejected.append(rj)
-                            continue
-                        for r in cost_layouts(model, cluster, D, t, p, c, vv, ep, zeros, recs, o):
-                            (feasible if isinstance(r, Candidate) else rejected).append(r)
+                for r in cost_layouts(model, cluster, D, t, p, c, vv, ep, zeros, recs, o, spv,
+                                      reps):
+                    (feasible if isinstance(r, Candidate) else rejected).append(r)
     feasible.sort(key=lambda c: (c.step_time, c.peak))
-    settings = {"microbatch": o.b, "recipe": o.recipe, "reserve": o.reserve,
+    recipe_name = getattr(o.recipe, "name", o.recipe)
+    settings = {"microbatch": o.b, "recipe": recipe_name, "reserve": o.reserve,
                 "max_bubble": o.max_bubble, "q": o.q, "causal": o.causal, "max_cp": max_c,
-                "min_local_seq": min_s, "budget_bytes": cluster.gpu_memory * (1 - o.reserve)}  # fmt: skip
+                "min_local_seq": min_s, "sp": sp, "embedding_in_split": o.embedding_in_split,
+                "hsdp": hsdp,
+                "budget_bytes": cluster.gpu_memory * (1 - o.reserve)}
     return Plan(model, cluster, o.batch, tuple(feasible), tuple(rejected), settings)

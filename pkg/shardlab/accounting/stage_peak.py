@@ -43,6 +43,14 @@ executor keeps them until the step ends) and one for the receive posted ahead fo
 action; the receive the current backward consumes is the gradient counted in the
 temporaries. ``F`` sends unless the stage is the last, ``B`` unless it is the first; ``F``
 receives unless the stage is the first, ``B`` unless it is the last.
+
+**One fp32 AdamW step of a GPT stage** (:func:`gpt_stage_step_peak`): the sizes above, read
+off a stage's shape, composed once for lab 09 (DP x PP) and lab 05 (one pipeline, ``dp = 1``
+and no all-reduce): ``persistent`` is ``model_state(N_stage, D, "ddp", "fp32")`` without its
+gradients (``zero_grad`` frees them), ``message_bytes`` one ``q b s h`` boundary tensor, the
+head's gradients those of the final norm and the head, the last stage's
+``logits_workspace(b, s, V)``, the dp all-reduce's flat bucket of every gradient (``q
+N_stage``, when the stage is data-parallel) and ``adam_workspace`` of the stage's tensors.
 """
 
 from __future__ import annotations
@@ -50,11 +58,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import _validate as v
+from . import memory, peak
 from .peak import PeakBreakdown, PeakPoint
 from .pipeline import Action
 
 STAGE_TERMS = ("persistent", "grads", "activations", "buffers", "backward_temporaries",
-               "backward_workspace", "dp_bucket", "optimizer_workspace")  # fmt: skip
+               "backward_workspace", "dp_bucket", "optimizer_workspace")
 
 
 def block_backward_temporaries(
@@ -91,10 +100,10 @@ def stage_peak(
             raise ValueError(f"stage_peak walks F/B actions of one chunk (v=1); got {a!r}")
     names = ("chunk_bytes", "persistent_bytes", "grad_bytes", "message_bytes",
              "temporaries_bytes", "head_bytes", "head_grad_bytes", "backward_workspace_bytes",
-             "bucket_bytes", "optimizer_workspace_bytes")  # fmt: skip
+             "bucket_bytes", "optimizer_workspace_bytes")
     vals = (chunk_bytes, persistent_bytes, grad_bytes, message_bytes, temporaries_bytes,
             head_bytes, head_grad_bytes, backward_workspace_bytes, bucket_bytes,
-            optimizer_workspace_bytes)  # fmt: skip
+            optimizer_workspace_bytes)
     (chunk, pers, grads, msg, temps, head, head_grads, ws, bucket, opt_ws) = (
         v.nonneg_number(n, x) for n, x in zip(names, vals)
     )
@@ -116,7 +125,7 @@ def stage_peak(
         ahead = 1 if i + 1 < len(acts) and receives(acts[i + 1]) else 0
         terms = dict.fromkeys(STAGE_TERMS, 0.0)
         terms.update(persistent=pers, grads=grads if done_backward else 0.0,
-                     activations=inflight * chunk, buffers=(sent + ahead) * msg)  # fmt: skip
+                     activations=inflight * chunk, buffers=(sent + ahead) * msg)
         terms.update(extra)
         timeline.append(PeakPoint(phase, i, terms, ()))
 
@@ -129,7 +138,7 @@ def stage_peak(
                 point("backward", i, backward_workspace=ws)
             point("backward", i, backward_temporaries=temps,
                   activations=inflight * chunk - (head if last else 0.0),
-                  grads=grads if done_backward else (head_grads if last else 0.0))  # fmt: skip
+                  grads=grads if done_backward else (head_grads if last else 0.0))
             inflight -= 1
             done_backward = True
         if sends(a):
@@ -140,3 +149,45 @@ def stage_peak(
     timeline.append(PeakPoint("optimizer", None, {**end, "optimizer_workspace": opt_ws}, ()))
     best = max(timeline, key=lambda pt: pt.total)  # earliest on ties
     return PeakBreakdown(dict(best.terms), best.total, best.phase, best.unit, tuple(timeline))
+
+
+def gpt_stage_step_peak(
+    actions: Sequence[Action],
+    chunk_bytes: float,
+    stage_numels: Sequence[int],
+    head_numel: int,
+    dp: int,
+    b: int,
+    s: int,
+    h: int,
+    ffn: int,
+    vocab: int,
+    first: bool,
+    last: bool,
+    head_bytes: float = 0,
+    dp_all_reduce: bool = True,
+    q: float = 4,
+) -> PeakBreakdown:
+    """:func:`stage_peak` of one fp32 AdamW step of a GPT pipeline stage (module docstring):
+    ``stage_numels`` the numels of the stage's parameters, ``head_numel`` those of its final
+    norm and head (0 but on the last stage), replicated over ``dp`` ranks (``dp_all_reduce``:
+    whether their gradients are all-reduced in one flat bucket), microbatches of ``b``
+    sequences of ``s`` tokens, hidden ``h``, MLP ``ffn``, vocabulary ``vocab``."""
+    numels = [int(n) for n in stage_numels]
+    n_stage = sum(numels)
+    state = memory.model_state(n_stage, dp, "ddp", "fp32")
+    return stage_peak(
+        actions,
+        chunk_bytes,
+        persistent_bytes=state.total - state.per_object["grads"],
+        grad_bytes=state.per_object["grads"],
+        message_bytes=q * b * s * h,
+        temporaries_bytes=block_backward_temporaries(b, s, h, ffn, q),
+        first=first,
+        last=last,
+        head_bytes=head_bytes,
+        head_grad_bytes=q * head_numel,
+        backward_workspace_bytes=peak.logits_workspace(b, s, vocab, q),
+        bucket_bytes=q * n_stage if dp_all_reduce else 0,
+        optimizer_workspace_bytes=peak.adam_workspace(numels),
+    )

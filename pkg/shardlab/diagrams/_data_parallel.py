@@ -77,52 +77,94 @@ def ring_allreduce(world: int = 4):
     return fig
 
 
-def fsdp_lifecycle(units: int = 4, prefetch: bool = True):
-    """Per unit: all-gather, forward, free; then all-gather, backward, reduce-scatter, free.
+# Kinds of interval on the FSDP lifecycle diagram, in legend order.
+FSDP_KINDS = ("all-gather", "forward", "backward", "reduce-scatter", "saved activations",
+              "gradient shard", "update")  # fmt: skip
 
-    The last unit is not freed after its forward: its backward comes next (as FSDP does).
+
+def fsdp_lifecycle_events(
+    units: int = 4, prefetch: bool = True
+) -> list[tuple[int, str, float, float]]:
+    """``(unit, kind, start, end)`` intervals of one FSDP step with reshard after forward.
+
+    Per unit: all-gather, forward, free; the unit's saved activations (or its checkpoint) live
+    from the end of its forward to the end of its backward; all-gather again, backward,
+    reduce-scatter; the owned gradient shard then lives until the optimizer updates the
+    rank's shard of that unit, after the last reduce-scatter. ``kind == "full weights"``
+    spans the time the unit's gathered weights exist. The last unit is not freed after its
+    forward: its backward comes next (as FSDP does). Times are illustrative (forward 1,
+    backward 2, a collective 0.8).
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
     n = chk.positive_int("units", units)
-    fig, ax = plt.subplots(figsize=(10, 0.5 * n + 1.6))
-    colours = {"all-gather": "#9ecae1", "forward": "#31a354", "backward": "#e6550d",
-               "reduce-scatter": "#fdae6b"}  # fmt: skip
+    chk.flag("prefetch", prefetch)
     lead = 0.6 if prefetch else 0.0  # with prefetch the next gather overlaps this compute
     order = [("forward", i) for i in range(n)] + [("backward", i) for i in reversed(range(n))]
-    t, alive_from = 0.0, {}
+    t, alive_from, fwd_end, events = 0.0, {}, {}, []
     for phase, i in order:
-        y = n - 1 - i
         if i in alive_from:  # still gathered (the last unit between its forward and backward)
             start = t
         else:
             gather = max(0.0, t - lead)
-            ax.barh(y, 0.8, left=gather, color=colours["all-gather"], height=0.6)
+            events.append((i, "all-gather", gather, gather + 0.8))
             alive_from[i] = gather
             start = max(t, gather + 0.8)
-        dur = 1.0 if phase == "forward" else 2.0
-        ax.barh(y, dur, left=start, color=colours[phase], height=0.6)
-        end = start + dur
-        if phase == "backward":
-            ax.barh(y, 0.8, left=end, color=colours["reduce-scatter"], height=0.6)
+        end = start + (1.0 if phase == "forward" else 2.0)
+        events.append((i, phase, start, end))
+        if phase == "forward":
+            fwd_end[i] = end
+        else:
+            events.append((i, "saved activations", fwd_end[i], end))
+            events.append((i, "reduce-scatter", end, end + 0.8))
         if phase == "backward" or i != n - 1:  # free (reshard): the full weights are gone
-            ax.plot([alive_from.pop(i), end], [y + 0.38, y + 0.38], color="k", lw=0.8)
+            events.append((i, "full weights", alive_from.pop(i), end))
         t = end
+    update = max(e for _, kind, _, e in events if kind == "reduce-scatter")
+    for i in range(n):
+        rs_end = next(e for u, kind, _, e in events if u == i and kind == "reduce-scatter")
+        events.append((i, "gradient shard", rs_end, update))
+        events.append((i, "update", update, update + 0.8))
+    return events
+
+
+def fsdp_lifecycle(units: int = 4, prefetch: bool = True):
+    """Per unit: all-gather, forward, free; then all-gather, backward, reduce-scatter, free;
+    the saved activations between the unit's forward and backward, and the owned gradient
+    shard from its reduce-scatter to the optimizer's update of the rank's shard."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    events = fsdp_lifecycle_events(units, prefetch)
+    n = chk.positive_int("units", units)
+    fig, ax = plt.subplots(figsize=(10.5, 0.62 * n + 1.9))
+    colours = {"all-gather": "#9ecae1", "forward": "#31a354", "backward": "#e6550d",
+               "reduce-scatter": "#fdae6b", "saved activations": "#bcbddc",
+               "gradient shard": "#fdd0a2", "update": "#756bb1"}  # fmt: skip
+    for i, kind, start, end in events:
+        y = n - 1 - i
+        if kind == "full weights":
+            ax.plot([start, end], [y + 0.38, y + 0.38], color="k", lw=0.8)
+        elif kind in ("saved activations", "gradient shard"):  # thin lane under the unit
+            ax.barh(y - 0.3, end - start, left=start, color=colours[kind], height=0.16,
+                    hatch="///" if kind == "saved activations" else None, edgecolor="#555555",
+                    linewidth=0.3)  # fmt: skip
+        else:
+            ax.barh(y + 0.05, end - start, left=start, color=colours[kind], height=0.5)
     ax.set_yticks(range(n), [f"unit {n - 1 - y}" for y in range(n)])
     ax.set_xlabel(
         "time (one step); the thin line over a unit spans the time its full weights exist"
     )
     handles = [Patch(color=col, label=name) for name, col in colours.items()]
     ax.legend(handles=handles, ncol=4, fontsize=8, loc="upper center",
-              bbox_to_anchor=(0.5, -0.35), frameon=False)  # fmt: skip
+              bbox_to_anchor=(0.5, -0.3), frameon=False)  # fmt: skip
     ax.set_title(
         f"FSDP unit lifecycle, {n} units"
         + (
             " (prefetch: the next unit's all-gather overlaps this unit's compute)"
             if prefetch
             else ""
-        ),
+        )  # fmt: skip
+        + "\nunder each unit: its saved activations wait for its backward; its gradient shard "
+        "waits for the update",
         fontsize=10,
     )
     for side in ("top", "right"):

@@ -13,7 +13,8 @@ Importing this package imports neither torch nor pytest (the sandbox runs them).
 
 from __future__ import annotations
 
-from .grade import LabResult, Row, SubmissionError, grade, grade_lab
+from ._driver import grade
+from .grade import LabResult, Row, SubmissionError, grade_lab
 from .release import ReleaseError, release, strip_solutions
 from .report import write_reports
 from .rubric import Rubric, RubricError, load_rubric

@@ -6,7 +6,8 @@ the student-facing feedback keeps a message only when it is
 
 * the message of an ``assert`` (``assert x, "..."``), of ``pytest.fail/skip/xfail("...")``
   or of a ``raise SomeError("...")`` written in the instructor's test files of the lab, as
-  a string literal or an f-string whose fields matched a single number (or True/False/None);
+  a string literal or an f-string with at most one field, which matched one number of at
+  most four characters (or True/False/None);
 * the hint of a solution block of the lab's ``submit`` modules (the released stub raises
   ``NotImplementedError("<hint>")``);
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +31,15 @@ from .release import find_blocks
 from .rubric import Rubric, sandbox_files
 
 WITHHELD = "message not shown: it did not come from the tests"
-_NUMBER = (
-    r"(?:[-+]?(?:\d[\d_]*\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|inf|nan)|True|False|None)"
-)
+# A field of an f-string message may show one short number: at most MAX_NUMBER_CHARS
+# characters of ``0-9 . e E + -`` (or True/False/None/inf/nan), and a message at most
+# MAX_FIELDS such fields. With these caps a message says at most ~16 bits beyond which of the
+# tests' messages it is (see :func:`feedback_bits`), so a submission cannot pass a file it
+# read in the sandbox (the hidden tests, an earlier lab's reference) to its student as digits.
+MAX_NUMBER_CHARS = 4
+MAX_FIELDS = 1
+_NUMBER = rf"(?:[-+.0-9eE]{{1,{MAX_NUMBER_CHARS}}}|True|False|None|[-+]?inf|nan)"
+_NUMBER_VALUES = 16**MAX_NUMBER_CHARS  # an upper bound of the strings _NUMBER matches
 _BUILTIN_EXC = {
     name
     for name, obj in vars(builtins).items()
@@ -68,7 +76,8 @@ def _add(node: ast.AST | None, allowed: Allowed) -> None:
             else:
                 parts.append(_NUMBER)
         pattern = "".join(parts).split("\\\n")[0].strip()
-        if pattern and pattern != _NUMBER:
+        shown_fields = pattern.count(_NUMBER)
+        if pattern and pattern != _NUMBER and shown_fields <= MAX_FIELDS:
             allowed.patterns.append(re.compile(pattern))
 
 
@@ -127,6 +136,19 @@ def safe_message(message: str, allowed: Allowed) -> str:
     if allowed.match(line):
         return line
     return f"({WITHHELD})"
+
+
+def feedback_bits(allowed: Allowed, cases: int) -> float:
+    """Upper bound of the bits one rubric test's feedback line can carry beyond its score.
+
+    The line is: a status (one of 13), "k/n cases passed" (k <= n: the score itself), which
+    case failed first (one of ``cases``), and one message: a literal or a pattern of the
+    tests (each pattern with at most MAX_FIELDS numbers of at most MAX_NUMBER_CHARS
+    characters), or a built-in exception's name, alone or with "message not shown".
+    """
+    choices = len(allowed.literals) + len(allowed.patterns) * _NUMBER_VALUES**MAX_FIELDS
+    choices += 2 * (len(_BUILTIN_EXC) + len(_PYTEST_OUTCOMES)) * (1 + choices) + 1
+    return math.log2(13) + math.log2(max(cases, 1)) + math.log2(choices)
 
 
 def lab_feedback(rubric: Rubric) -> Allowed:

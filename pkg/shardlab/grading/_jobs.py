@@ -10,6 +10,8 @@
   labs, the package or the environment changed, that job and every later one get "grader
   error" and nothing more runs.
 * A zip is unpacked just before its own job, into a fresh folder removed right after.
+* A lab with an ``[outside]`` table first runs once on its reference solution
+  (:func:`._reference.with_reference`); a reference that fails stops grading with a sentence.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from pathlib import Path
 from ._bwrap import SandboxUnavailable, find_bwrap
 from ._fs import TreeError, remove_tree
 from ._integrity import Fingerprint, IntegrityError, snapshot_package
+from ._progress import Estimate, stream_for
+from ._reference import with_reference
 from ._score import _zero
 from ._submissions import Submission, SubmissionError, safe_extract
 from .grade import LabResult, grade_lab, grader_error, lab_feedback
@@ -70,27 +74,44 @@ def run_jobs(
     sandbox: bool,
     progress=None,
     bwrap: str | None = None,
+    estimate_to="auto",
 ) -> list[LabResult]:
-    """Grade every student against every rubric; one result per job, in job order."""
+    """Grade every student against every rubric; one result per job, in job order.
+
+    ``estimate_to``: a stream for the expected total at start and the live estimate
+    (:mod:`._progress`); ``"auto"``: stderr when ``progress`` is given (the CLI), else none.
+    """
     if sandbox and bwrap is None:
         bwrap = require_bwrap()
+    tmp_root = Path(tempfile.mkdtemp(prefix="shardlab-grade-"))
+    os.chmod(tmp_root, 0o711)  # the sandbox user (nobody) reaches the package copy only
+    try:
+        package = snapshot_package(tmp_root / "pkg")
+        fingerprint = Fingerprint([r.lab_dir for r in rubrics], package)
+        # the reference solution's recorded values, once per lab ([outside] tests only)
+        common = dict(limits=limits, cuda=cuda, tmp_root=tmp_root, bwrap=bwrap, package=package)
+        rubrics = [with_reference(r, **common) for r in rubrics]
+    except BaseException:
+        remove_tree(tmp_root)
+        raise
     allowed = {r.lab: lab_feedback(r) for r in rubrics}
     jobs = [(sub, rubric) for sub in students for rubric in rubrics]
     results: list[LabResult | None] = [None] * len(jobs)
+    n_workers = max(1, min(workers, len(jobs)))
+    eta = Estimate(
+        len(jobs),
+        n_workers,
+        stream_for(progress) if estimate_to == "auto" else estimate_to,
+        students=len(students),
+        labs=len(rubrics),
+    )
     started: dict[int, float] = {}
+    reported = [0]  # results handed to progress (and counted by the estimate)
     stopped: list[str] = []  # why grading stopped (integrity), if it did
     lock = threading.Lock()
     todo: queue.SimpleQueue[int] = queue.SimpleQueue()
     for i in range(len(jobs)):
         todo.put(i)
-    tmp_root = Path(tempfile.mkdtemp(prefix="shardlab-grade-"))
-    os.chmod(tmp_root, 0o700)
-    try:
-        package = snapshot_package(tmp_root / "pkg")
-        fingerprint = Fingerprint([r.lab_dir for r in rubrics], package)
-    except BaseException:
-        remove_tree(tmp_root)
-        raise
 
     def one(i: int) -> LabResult:
         sub, rubric = jobs[i]
@@ -132,9 +153,13 @@ def run_jobs(
             if results[i] is not None:
                 return  # given up on meanwhile
             results[i] = res
+        eta.clear()
         if progress is not None:
             with contextlib.suppress(Exception):
                 progress(res)
+        eta.finished_one()
+        with lock:
+            reported[0] += 1  # the caller has seen it: run_jobs may return once all are
 
     def worker() -> None:
         while True:
@@ -156,12 +181,13 @@ def run_jobs(
         threading.Thread(target=worker, name="shardlab-grade", daemon=True).start()
 
     budget = limits.timeout + JOB_GRACE
+    eta.begin()
     try:
-        for _ in range(max(1, min(workers, len(jobs)))):
+        for _ in range(n_workers):
             start_worker()
         while True:
             with lock:
-                if all(r is not None for r in results):
+                if reported[0] >= len(jobs) and all(r is not None for r in results):
                     break
                 late = [
                     i
@@ -173,7 +199,9 @@ def run_jobs(
                 reason = f"grading this submission did not finish within {budget:g} s"
                 finish(i, grader_error(sub.student, rubric, reason, cuda))
                 start_worker()  # the stuck thread keeps its slot; the others go on
+            eta.tick()
             time.sleep(0.1)
+        eta.end()
     finally:
         with contextlib.suppress(OSError, TreeError):
             remove_tree(tmp_root)

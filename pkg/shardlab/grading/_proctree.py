@@ -3,9 +3,11 @@
 The tree is found three ways, because a submission can leave each one (only the first
 matters inside bubblewrap, where the PID namespace already holds everything): (1)
 descendants by parent pid, (2) members of the sandbox's session, (3) processes whose
-environment carries the sandbox's random token (``SHARDLAB_SANDBOX``). To kill, every process
-found is frozen with SIGSTOP (repeatedly, until no new process appears), then all get
-SIGKILL, so nothing can fork during the kill.
+environment carries the sandbox's random token (``SHARDLAB_SANDBOX``). One scan reads the
+process table once (parent map, session), so it is linear in the number of processes. To
+kill, every process found is frozen with SIGSTOP (repeatedly, until no new process appears),
+then all get SIGKILL, so nothing can fork during the kill. Inside bubblewrap this is the last
+step only: the grader first kills the sandbox's PID 1, which ends the namespace at once.
 """
 
 from __future__ import annotations
@@ -42,14 +44,23 @@ class _Tree:
         self.known: dict[int, psutil.Process] = {root.pid: root}
 
     def scan(self, deep: bool = False) -> list[psutil.Process]:
-        """Refresh and return the live processes of the sandbox."""
-        for p in list(self.known.values()):
-            if _alive(p):
-                with contextlib.suppress(psutil.Error):
-                    for c in p.children(recursive=True):
-                        self.known.setdefault(c.pid, c)
+        """Refresh and return the live processes of the sandbox.
+
+        One pass over the process table builds the parent -> children map (and finds the
+        session's members); descendants of every known process are then found in that map,
+        so a scan costs O(processes on the machine), not O(n²) per-process descendant walks.
+        """
         me = os.getpid()
-        for p in psutil.process_iter():
+        table: dict[int, psutil.Process] = {}
+        kids: dict[int, list[int]] = {}
+        zombie: set[int] = set()
+        for p in psutil.process_iter(["ppid", "status"]):
+            info = p.info
+            table[p.pid] = p
+            if info.get("status") == psutil.STATUS_ZOMBIE:
+                zombie.add(p.pid)
+            if info.get("ppid") is not None:
+                kids.setdefault(info["ppid"], []).append(p.pid)
             if p.pid in self.known or p.pid == me:
                 continue
             try:
@@ -59,13 +70,32 @@ class _Tree:
                     self.known[p.pid] = p
             except (OSError, psutil.Error):
                 continue
-        return [p for p in self.known.values() if _alive(p)]
+        # a known pid counts only while it is the same process (pid reuse changes the object)
+        live = [pid for pid, p in self.known.items() if table.get(pid) == p]
+        stack = list(live)
+        while stack:
+            for child in kids.get(stack.pop(), ()):
+                if child not in self.known and child != me:
+                    self.known[child] = table[child]
+                    live.append(child)
+                    stack.append(child)
+        return [self.known[pid] for pid in live if pid not in zombie]
 
     def rss(self, procs: list[psutil.Process]) -> int:
         total = 0
         for p in procs:
             with contextlib.suppress(psutil.Error):
                 total += p.memory_info().rss
+        return total
+
+    def tasks(self, procs: list[psutil.Process]) -> int:
+        """Processes and their threads (every task counts against ``max_procs``)."""
+        total = 0
+        for p in procs:
+            try:
+                total += p.num_threads()
+            except psutil.Error:
+                total += 1
         return total
 
     def kill_all(self, settle: float = 1.0) -> int:
@@ -76,7 +106,7 @@ class _Tree:
         """
         killed: set[int] = set()
         quiet_since = None
-        give_up = time.monotonic() + 30.0
+        give_up = time.monotonic() + 60.0
         while time.monotonic() < give_up:
             stopped: set[int] = set()
             for _ in range(50):

@@ -15,8 +15,12 @@
 
 ``python -P .../shardlab/grading/_runner.py pytest``
     reads the same configuration from stdin and runs ``pytest.main`` with the JUnit report
-    and the progress log written to file descriptors inherited from the grader (opened as
-    ``/proc/self/fd/N``): neither report has a path inside the sandbox.
+    written to a file descriptor inherited from the grader (opened as ``/proc/self/fd/N``)
+    and the progress log sent through a pipe to the supervisor, which appends it to the
+    grader's file: neither report has a path inside the sandbox, and the progress log cannot
+    be rewritten after the fact. The values the tests record for the grader
+    (``shardlab.grading.outside``) go to a third inherited descriptor, named to this process
+    only by ``SHARDLAB_OUTSIDE`` (``pid:fd``).
 
 Only the standard library and pytest are imported here, and the file runs as a script
 (``-P``: its folder is not put on ``sys.path``), so the grader's package is not imported.
@@ -30,6 +34,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 NEEDS_GPU_REASON = "needs GPU (shardlab grader: no CUDA device on this machine)"
@@ -110,16 +115,23 @@ def supervise() -> int:
     if not as_init:
         _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: double-forked daemons come back here
     grader = os.getppid()
+    # The progress log is written by this process, which never imports the submission:
+    # pytest gets the write end of a pipe, and every byte it sends is appended to the log as
+    # it arrives, so no record can be truncated or rewritten later (at exit, say).
+    read_end, write_end = os.pipe()
+    copier = threading.Thread(target=_copy, args=(read_end, config["progress_fd"]), daemon=True)
+    copier.start()
     proc = subprocess.Popen(
         [sys.executable, "-P", os.path.abspath(__file__), "pytest"],
         stdin=subprocess.PIPE,
         cwd=config["workdir"],
-        pass_fds=(config["junit_fd"], config["progress_fd"]),
+        pass_fds=(config["junit_fd"], config["values_fd"], write_end),
     )
     os.close(config["junit_fd"])
-    os.close(config["progress_fd"])
+    os.close(config["values_fd"])
+    os.close(write_end)
     status.write(json.dumps({"pytest_pid": proc.pid}) + "\n")
-    proc.stdin.write(raw.encode())
+    proc.stdin.write(json.dumps(dict(config, progress_fd=write_end)).encode())
     proc.stdin.close()
     while proc.poll() is None:
         if not as_init and os.getppid() != grader:
@@ -130,6 +142,7 @@ def supervise() -> int:
     code = proc.returncode
     code = code if code >= 0 else 128 - code
     survivors = _kill_namespace() if as_init else 0
+    copier.join(timeout=5 if as_init else 2)  # the pipe ends when its last writer is gone
     status.write(json.dumps({"exit": code, "survivors": survivors}) + "\n")
     status.close()
     if as_init:
@@ -143,6 +156,23 @@ def supervise() -> int:
     if os.getppid() != grader:
         os.killpg(0, signal.SIGKILL)
     return code
+
+
+def _copy(src: int, dst: int) -> None:
+    """Append everything read from ``src`` to ``dst`` until EOF; keep draining on a write
+    error (a full disk or ``RLIMIT_FSIZE``), so the writer never blocks on a full pipe."""
+    ok = True
+    try:
+        while chunk := os.read(src, 65536):
+            while ok and chunk:
+                try:
+                    chunk = chunk[os.write(dst, chunk) :]
+                except OSError:
+                    ok = False
+    except OSError:
+        pass
+    finally:
+        os.close(src)
 
 
 def _reap_others(keep: int) -> None:
@@ -239,6 +269,9 @@ def run_pytest() -> int:
     ]
     os.set_inheritable(config["junit_fd"], False)  # the submission's children do not get them
     os.set_inheritable(config["progress_fd"], False)
+    os.set_inheritable(config["values_fd"], False)
+    # shardlab.grading.outside.record writes here, from this process only (not the ranks)
+    os.environ["SHARDLAB_OUTSIDE"] = f"{os.getpid()}:{config['values_fd']}"
     plugin = _ProgressLog(config["progress_fd"], bool(config["cuda"]))
     del config
     return int(pytest.main(args, plugins=[plugin]))

@@ -13,12 +13,11 @@ from dataclasses import dataclass
 
 from ._feedback import Allowed, safe_message
 from ._junit import _Case, _nodeid_key, _Parsed
-from ._runner import NEEDS_GPU_REASON
 from .rubric import Rubric
 from .sandbox import Limits, RunResult
 
 MESSAGE_CHARS = 400
-_SAFE_CASE = re.compile(r"[\w.+\-=,]{0,40}")
+_SAFE_CASE = re.compile(r"[\w.+\-=,]{0,60}")
 _NEEDS_GPU = "needs GPU: not graded without CUDA; excluded from the maximum"
 
 
@@ -88,6 +87,17 @@ def _death_note(run: RunResult, limits: Limits) -> str:
     return f"pytest exited with code {code} without finishing (os._exit() or sys.exit() in the submission?)"
 
 
+def _graded_cases(rubric: Rubric, key: str, cuda: bool) -> tuple[list[str], int, float]:
+    """(case ids that count, number of GPU cases left out, points per case) of one key.
+
+    Decided by the grader alone: the cases it collected from the reference lab, and the
+    ``gpu`` markers it saw there (never a skip reason or a case a report brings).
+    """
+    expected = rubric.expected(key)
+    graded = [case for case, gpu in expected if cuda or not gpu]
+    return graded, len(expected) - len(graded), rubric.points[key] / len(expected)
+
+
 def score(
     rubric: Rubric,
     parsed: _Parsed,
@@ -100,54 +110,54 @@ def score(
 ) -> list[Row]:
     """Map parsed cases to rubric rows.
 
-    ``message`` keeps the test's own first line; ``feedback`` passes on only what
-    :func:`._feedback.safe_message` lets through (``allowed``: the lab's test messages).
+    Only the cases of :meth:`Rubric.expected` count, each worth an equal share of the key's
+    points; a reported case that is not one of them is ignored, one that is not reported
+    "did not run". ``message`` keeps the test's own first line; ``feedback`` passes on only
+    what :func:`._feedback.safe_message` lets through (``allowed``: the lab's test messages).
     """
     allowed = allowed or Allowed()
     rows = []
-    running_key = _nodeid_key(running)[0] if running else None
-    for key, points in rubric.points.items():
+    running_key, running_case = _nodeid_key(running) if running else (None, None)
+    for key in rubric.points:
         file = key.split("::")[0]
-        cases = list(parsed.cases.get(key, []))
-        if running_key == key and died:
-            cases.append(_Case(_nodeid_key(running)[1], "died", f"{died} while this test ran"))
-        static_gpu = key in rubric.gpu_tests
-        if not cases:
-            if static_gpu and not cuda:
-                rows.append(_needs_gpu_row(key))
-            elif file in parsed.collect_errors:
-                msg = f"did not run: {file} could not be imported: {parsed.collect_errors[file]}"
-                shown = safe_message(parsed.collect_errors[file], allowed)
-                fb = f"did not run: {file} could not be imported: {shown}"
-                rows.append(Row(key, 0.0, points, "did not run", _truncate(msg), _truncate(fb)))
-            else:
-                msg = "did not run" + (f": {died}" if died else "")
-                rows.append(Row(key, 0.0, points, "did not run", _truncate(msg)))
-            continue
-        per_case = points / len(cases)
-        gpu = [
-            c
-            for c in cases
-            if c.outcome == "skipped"
-            and not cuda
-            and (static_gpu or c.message.strip() == NEEDS_GPU_REASON)
-        ]
-        graded = [c for c in cases if c not in gpu]
-        passed = [c for c in graded if c.outcome == "passed"]
-        bad = [c for c in graded if c.outcome != "passed"]
-        max_points = per_case * len(graded)
-        earned = per_case * len(passed)
+        graded, n_gpu, per_case = _graded_cases(rubric, key, cuda)
         if not graded:
             rows.append(_needs_gpu_row(key))
             continue
+        reported: dict[str, _Case] = {}
+        for c in parsed.cases.get(key, []):
+            if c.case in graded and (
+                c.case not in reported or reported[c.case].outcome == "passed"
+            ):
+                reported[c.case] = c
+        if running_key == key and died and running_case in graded:
+            reported[running_case] = _Case(running_case, "died", f"{died} while this test ran")
+        max_points = per_case * len(graded)
+        if not reported:
+            if file in parsed.collect_errors:
+                msg = f"did not run: {file} could not be imported: {parsed.collect_errors[file]}"
+                shown = safe_message(parsed.collect_errors[file], allowed)
+                fb = f"did not run: {file} could not be imported: {shown}"
+                rows.append(
+                    Row(
+                        key, 0.0, round(max_points, 6), "did not run", _truncate(msg), _truncate(fb)
+                    )
+                )
+            else:
+                msg = "did not run" + (f": {died}" if died else "")
+                rows.append(Row(key, 0.0, round(max_points, 6), "did not run", _truncate(msg)))
+            continue
+        cases = [reported.get(case) or _Case(case, "not run", "did not run") for case in graded]
+        passed = [c for c in cases if c.outcome == "passed"]
+        bad = [c for c in cases if c.outcome != "passed"]
+        earned = per_case * len(passed)
         if not bad:
             status, message, feedback = "passed", "", ""
         else:
-            first = bad[0]
+            first = next((c for c in bad if c.outcome != "not run"), bad[0])
             label = f"[{first.case}] " if first.case else ""
-            # a parametrization id normally comes from the test file; one that does not look
-            # like one (read from a forged report) is not shown to the student
-            fb_label = label if _SAFE_CASE.fullmatch(first.case or "") else "[a case] "
+            # the case id is the grader's own (collected from the reference lab)
+            fb_label = label if _SAFE_CASE.fullmatch(first.case) else "[a case] "
             fb_label = fb_label if first.case else ""
             if len(passed):
                 status = "partial"
@@ -157,11 +167,13 @@ def score(
                 status = "timeout"
             elif first.outcome == "died":
                 status = "crashed"
+            elif all(c.outcome == "not run" for c in bad):
+                status = "did not run"
             else:
                 status = "failed"
-            counts = f"{len(passed)}/{len(graded)} cases passed; " if len(graded) > 1 else ""
+            counts = f"{len(passed)}/{len(cases)} cases passed; " if len(cases) > 1 else ""
             message = f"{counts}{label}{_first_line(first.message) or first.outcome}"
-            if first.outcome == "died":  # the grader's own sentence
+            if first.outcome in ("died", "not run", "wrong values"):  # the grader's own sentence
                 shown = _first_line(first.message)
             else:
                 shown = safe_message(first.message, allowed)
@@ -170,8 +182,8 @@ def score(
                 extra = f" (output or a file exceeded the {file_mb:g} MB limit: flooding stdout?)"
                 message += extra
                 feedback += extra
-        if gpu:
-            extra = f"{len(gpu)} case(s) need a GPU (not counted)"
+        if n_gpu:
+            extra = f"{n_gpu} case(s) need a GPU (not counted)"
             message = (message + "; " if message else "") + extra
             feedback = (feedback + "; " if feedback else "") + extra
         rows.append(
@@ -194,10 +206,12 @@ def _zero(
     whatever the status (a tampered, rejected or failed-to-grade lab has the same maximum
     as an honest one)."""
     rows = []
-    for key, points in rubric.points.items():
-        if key in rubric.gpu_tests and not cuda:
+    for key in rubric.points:
+        graded, _, per_case = _graded_cases(rubric, key, cuda)
+        if not graded:
             rows.append(_needs_gpu_row(key))
         else:
             fb = None if feedback is None else _truncate(feedback)
-            rows.append(Row(key, 0.0, points, status, _truncate(message), fb))
+            most = round(per_case * len(graded), 6)
+            rows.append(Row(key, 0.0, most, status, _truncate(message), fb))
     return rows

@@ -2,9 +2,8 @@
 
 A submission is a sub-folder or a ``.zip`` of the submissions folder. Nothing in it is
 trusted: the folder is walked with :func:`shardlab.grading._fs.walk` (no link followed,
-depth, entry count and size bounded before anything is read); a zip is checked whole
-(member count, declared and actual sizes, depth, absolute paths, '..', links) and unpacked
-with :func:`safe_extract` into a fresh folder just before its own job; :func:`collect`
+depth, entry count and size bounded before anything is read); a zip is checked whole and
+unpacked by :mod:`._zips` into a fresh folder just before its own job; :func:`collect`
 then reads the rubric's ``submit`` files (regular files only, size-bounded).
 """
 
@@ -12,27 +11,30 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import subprocess
 import sys
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._fs import Entry, TreeError, make_dirs, open_dir_nofollow, read_in_tree, walk
+from ._fs import Entry, TreeError, read_in_tree, walk
 
-MAX_ZIP_BYTES = 200 * 2**20
-MAX_ZIP_MEMBERS = 5000
-MAX_DEPTH = 32  # folders below a submission's top
+# the zip checks, the error and the depth and name limits both readers share live in ._zips
+# (re-exported here: callers import them from this module)
+from ._zips import MAX_DEPTH as MAX_DEPTH
+from ._zips import MAX_NAME as MAX_NAME
+from ._zips import MAX_ZIP_ARCHIVE as MAX_ZIP_ARCHIVE
+from ._zips import MAX_ZIP_BYTES as MAX_ZIP_BYTES
+from ._zips import MAX_ZIP_DIRECTORY as MAX_ZIP_DIRECTORY
+from ._zips import MAX_ZIP_MEMBERS as MAX_ZIP_MEMBERS
+from ._zips import SubmissionError as SubmissionError
+from ._zips import check_zip as check_zip
+from ._zips import safe_extract as safe_extract
+
 MAX_ENTRIES = 20_000  # files and folders in a submission folder
 MAX_SUBMIT_BYTES = 2 * 2**20  # one graded file
-MAX_NAME = 255
+MAX_STUDENT_NAME = 200  # bytes of a reported (escaped) name: a folder name in --out
 RESERVED_NAMES = {"grades.csv", "summary.csv", "junit.xml"}  # report files in --out
-
-
-class SubmissionError(ValueError):
-    """A submission cannot be used (unsafe or oversized zip or folder, bad file)."""
 
 
 @dataclass(frozen=True)
@@ -43,17 +45,38 @@ class Submission:
     problem: str = ""  # why a "bad" submission is rejected
 
 
-def _student_name(name: str, taken: set[str]) -> str:
-    clean = "".join(c if c.isprintable() and c not in "/\\" else "_" for c in name)[:100]
-    clean = clean if clean not in ("", ".", "..") else "_"
-    base, n = clean, 2
-    while clean in taken:
-        clean, n = f"{base}~{n}", n + 1
-    return clean
+def student_name(name: str) -> str:
+    """The name a submission entry is reported under: one to one, printable, a plain file name.
+
+    Every character that is not printable, and ``/``, ``\\`` and ``%`` themselves, become
+    ``%XX`` (UTF-8 bytes), so two different entries never get the same name and no terminal
+    escape reaches a progress line or a report; "." and ".." become "%2E" and "%2E%2E".
+    """
+
+    def esc(c: str) -> str:
+        if c.isprintable() and c not in "/\\%":
+            return c
+        return "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogateescape"))
+
+    clean = "".join(esc(c) for c in name)
+    if clean in (".", ".."):
+        clean = clean.replace(".", "%2E")
+    return clean or "%00"
+
+
+def _shown(name: str) -> str:
+    return ascii(name) if not name.isprintable() else repr(name)
 
 
 def discover_submissions(submissions: Path) -> list[Submission]:
-    """Every sub-folder and ``.zip`` of ``submissions`` (links are rejected, not followed)."""
+    """Every sub-folder and ``.zip`` of ``submissions`` (links are rejected, not followed).
+
+    Every entry is reported under :func:`student_name` (one to one). A name longer than
+    :data:`MAX_STUDENT_NAME` bytes once escaped, and two entries that would still share a
+    name (``alice`` and ``alice.zip``; a folder named like a report file takes ``~2`` and
+    meets one of that name), stop grading with a sentence naming both; no student is ever
+    renamed silently.
+    """
     submissions = Path(submissions)
     if not submissions.is_dir():
         raise SubmissionError(f"submissions folder {submissions} does not exist.")
@@ -75,125 +98,25 @@ def discover_submissions(submissions: Path) -> list[Submission]:
             continue
         if student in seen:
             raise SubmissionError(
-                f"student {student!r} has both {seen[student]!r} and {name!r} in {submissions}; "
-                "keep one."
+                f"student {_shown(student)} has both {_shown(seen[student])} and {_shown(name)} "
+                f"in {submissions}; keep one."
             )
         seen[student] = name
-        shown = _student_name(student, set(found) | RESERVED_NAMES)
+        shown = student_name(student)
+        if len(shown.encode()) > MAX_STUDENT_NAME:
+            raise SubmissionError(
+                f"{_shown(name)[:120]}... in {submissions} has a name longer than "
+                f"{MAX_STUDENT_NAME} bytes once escaped; rename it."
+            )
+        if shown in RESERVED_NAMES:
+            shown += "~2"  # a report file's name: its folder gets the suffix
+        if shown in found:
+            raise SubmissionError(
+                f"{_shown(found[shown].path.name)} and {_shown(name)} in {submissions} would both "
+                f"be reported as {shown!r}; rename one."
+            )
         found[shown] = Submission(shown, entry, kind, problem)
     return [found[k] for k in sorted(found)]
-
-
-def _parts(name: str) -> list[str]:
-    return [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]
-
-
-def check_zip(archive: Path) -> None:
-    """Raise SubmissionError unless the zip is safe to unpack (nothing is written)."""
-    with _open_zip(archive) as zf:
-        _checked_members(zf, archive.name)
-
-
-def _open_zip(archive: Path) -> zipfile.ZipFile:
-    try:
-        fd = os.open(archive, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise SubmissionError(f"{archive.name} cannot be opened ({exc.strerror}).") from None
-    fh = os.fdopen(fd, "rb")
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SubmissionError(f"{archive.name} is not a regular file.")
-        return zipfile.ZipFile(fh)
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        fh.close()
-        raise SubmissionError(f"{archive.name} is not a readable zip file ({exc}).") from None
-    except SubmissionError:
-        fh.close()
-        raise
-
-
-def _checked_members(zf: zipfile.ZipFile, label: str) -> list[tuple[zipfile.ZipInfo, list[str]]]:
-    infos = zf.infolist()
-    if len(infos) > MAX_ZIP_MEMBERS:
-        raise SubmissionError(f"{label} has {len(infos)} members (limit {MAX_ZIP_MEMBERS}).")
-    total, out, names = 0, [], set()
-    for info in infos:
-        name = info.filename.replace("\\", "/")
-        parts = _parts(name)
-        if name.startswith("/") or re.match(r"^[A-Za-z]:", name) or ".." in parts:
-            raise SubmissionError(
-                f"{label}: member {info.filename[:200]!r} has an absolute path or '..'; "
-                "zip the folder again from inside it."
-            )
-        if stat.S_ISLNK(info.external_attr >> 16):
-            raise SubmissionError(f"{label}: member {info.filename[:200]!r} is a symbolic link.")
-        if len(parts) > MAX_DEPTH + 1 or any(len(p.encode()) > MAX_NAME for p in parts):
-            raise SubmissionError(
-                f"{label}: member {info.filename[:80]!r}... is {len(parts)} folders deep "
-                f"(limit {MAX_DEPTH}) or has an over-long name."
-            )
-        if any("\x00" in p for p in parts):
-            raise SubmissionError(f"{label}: member name with a NUL byte.")
-        total += info.file_size
-        if total > MAX_ZIP_BYTES:
-            raise SubmissionError(f"{label} unpacks to more than {MAX_ZIP_BYTES // 2**20} MB.")
-        if parts and not info.is_dir():
-            key = "/".join(parts)
-            if key in names:
-                raise SubmissionError(f"{label}: member {key[:200]!r} appears twice.")
-            names.add(key)
-            out.append((info, parts))
-    return out
-
-
-def safe_extract(archive: Path, dest: Path) -> None:
-    """Unpack a checked zip into the existing empty folder ``dest`` (no link, no overwrite)."""
-    with _open_zip(archive) as zf:
-        members = _checked_members(zf, archive.name)
-        dest_fd = open_dir_nofollow(dest)
-        written = 0
-        try:
-            for info, parts in members:
-                try:
-                    dir_fd = make_dirs(dest_fd, tuple(parts[:-1]))
-                except OSError as exc:
-                    raise SubmissionError(
-                        f"{archive.name}: cannot create the folders of {'/'.join(parts)[:200]!r} "
-                        f"({exc.strerror}; a file and a folder with the same name?)."
-                    ) from None
-                try:
-                    fd = os.open(
-                        parts[-1],
-                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                        0o644,
-                        dir_fd=dir_fd,
-                    )
-                except OSError as exc:
-                    raise SubmissionError(
-                        f"{archive.name}: cannot write {'/'.join(parts)[:200]!r} ({exc.strerror})."
-                    ) from None
-                finally:
-                    os.close(dir_fd)
-                try:
-                    with zf.open(info) as src:
-                        left = info.file_size + 1  # a member may lie about its size
-                        while chunk := src.read(min(1 << 20, left)):
-                            written += len(chunk)
-                            left -= len(chunk)
-                            if left <= 0 or written > MAX_ZIP_BYTES:
-                                raise SubmissionError(
-                                    f"{archive.name}: member {'/'.join(parts)[:200]!r} unpacks "
-                                    "to more than its declared size."
-                                )
-                            os.write(fd, chunk)
-                except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-                    if isinstance(exc, SubmissionError):
-                        raise
-                    raise SubmissionError(f"{archive.name} is damaged ({exc}).") from None
-                finally:
-                    os.close(fd)
-        finally:
-            os.close(dest_fd)
 
 
 def _listing(root: Path) -> list[Entry]:

@@ -3,7 +3,7 @@
 ``shardlab release [--labs DIR] --out DIR [--zip] [--force]``
 ``shardlab grade SUBMISSIONS [--labs DIR] --out DIR [--lab NAME ...] [--workers N]
 [--timeout S] [--max-procs N] [--max-rss-gb G] [--as-gb G] [--file-mb M] [--tmp-mb M]
-[--cuda|--no-cuda] [--unsafe-no-sandbox]``
+[--cuda|--no-cuda] [--unsafe-no-sandbox] [--resume]``
 
 :func:`add_parsers` adds both sub-commands to another program's sub-parsers (``shardlab``'s
 own CLI calls it); :func:`main` runs them standalone (``python -m shardlab.grading``).
@@ -32,11 +32,11 @@ def _release(args: argparse.Namespace) -> int:
 
     try:
         if args.labs_only:
-            manifest = release(Path(args.labs), Path(args.out), zip_labs=args.zip, force=args.force)
+            manifest = release(Path(args.labs), Path(args.out), zip_labs=args.zip,
+                               force=args.force, book_url=args.book_url)
         else:
-            manifest = release_kit(
-                Path(args.labs), Path(args.out), zip_kit=args.zip, force=args.force
-            )
+            manifest = release_kit(Path(args.labs), Path(args.out), zip_kit=args.zip,
+                                   force=args.force, book_url=args.book_url)
     except ReleaseError as exc:
         print(f"release failed: {exc}", file=sys.stderr)
         return 2
@@ -54,13 +54,43 @@ def _release(args: argparse.Namespace) -> int:
     return 0
 
 
+def _grade_problem(args: argparse.Namespace) -> str:
+    """'' if every option of ``shardlab grade`` is usable, else one sentence (checked before
+    anything runs: a typo must not grade the whole class 0)."""
+    from ._options import as_gb_problem, limits_problem, out_problem
+    from .sandbox import Limits
+
+    problem = as_gb_problem(args.as_gb)
+    if problem:
+        return problem
+    try:
+        limits = Limits(
+            timeout=args.timeout,
+            max_procs=args.max_procs,
+            max_rss_gb=args.max_rss_gb,
+            address_space_gb=None,
+            file_size_mb=args.file_mb,
+            tmp_mb=args.tmp_mb,
+        )
+    except (TypeError, ValueError) as exc:
+        return f"invalid limit: {exc}."
+    return limits_problem(limits, args.workers) or out_problem(
+        Path(args.out), Path(args.submissions)
+    )
+
+
 def _grade(args: argparse.Namespace) -> int:
     from ._bwrap import UNSAFE_WARNING, SandboxUnavailable
-    from .grade import SubmissionError, grade
-    from .report import fmt
+    from ._driver import grade
+    from ._submissions import SubmissionError, discover_submissions
+    from .report import fmt, printable
     from .rubric import RubricError
     from .sandbox import Limits
 
+    problem = _grade_problem(args)
+    if problem:
+        print(f"grade failed: {problem}", file=sys.stderr)
+        return 2
     limits = Limits(
         timeout=args.timeout,
         max_procs=args.max_procs,
@@ -69,13 +99,25 @@ def _grade(args: argparse.Namespace) -> int:
         file_size_mb=args.file_mb,
         tmp_mb=args.tmp_mb,
     )
+    try:
+        if not discover_submissions(Path(args.submissions)):
+            print(
+                f"warning: {args.submissions} holds no submission (one sub-folder or .zip per "
+                "student, names not starting with '.' or '_'); nothing will be graded.",
+                file=sys.stderr,
+                flush=True,
+            )
+    except SubmissionError as exc:
+        print(f"grade failed: {exc}", file=sys.stderr)
+        return 2
     if args.unsafe_no_sandbox:
         print(f"WARNING {UNSAFE_WARNING}", file=sys.stderr, flush=True)
 
     def progress(res) -> None:
         status = f"{fmt(res.points)}/{fmt(res.max_points)}"
-        note = f"  ({res.note})" if res.note else ""
-        print(f"{res.student:>20} {res.lab:<18} {status:>9}  {res.wall:5.1f}s{note}", flush=True)
+        note = f"  ({printable(res.note)})" if res.note else ""
+        line = f"{printable(res.student):>20} {printable(res.lab):<18} {status:>9}"
+        print(f"{line}  {res.wall:5.1f}s{note}", flush=True)
 
     try:
         results = grade(
@@ -88,6 +130,7 @@ def _grade(args: argparse.Namespace) -> int:
             cuda=args.cuda,
             progress=progress,
             sandbox=not args.unsafe_no_sandbox,
+            resume=args.resume,
         )
     except (RubricError, SubmissionError, ValueError, SandboxUnavailable) as exc:
         print(f"grade failed: {exc}", file=sys.stderr)
@@ -99,7 +142,7 @@ def _grade(args: argparse.Namespace) -> int:
         got[1] += res.max_points
     print("totals (student, points, max_points):")
     for student, (points, most) in sorted(totals.items()):
-        print(f"  {student}  {fmt(points)}/{fmt(most)}")
+        print(f"  {printable(student)}  {fmt(points)}/{fmt(most)}")
     total = sum(r.points for r in results)
     print(
         f"graded {len(results)} lab submission(s), {fmt(total)} points in all; reports in {args.out}"
@@ -119,6 +162,11 @@ def add_parsers(subparsers) -> None:
         "one <lab>.zip per lab)",
     )
     rel.add_argument("--force", action="store_true", help="clear a non-empty output folder first")
+    rel.add_argument(
+        "--book-url", default=None, metavar="URL",
+        help="published book the labs link to (default: html.baseurl of _config.yml; without "
+        "one, links to chapters become the chapters' titles)",
+    )
     rel.add_argument(
         "--labs-only",
         action="store_true",
@@ -141,7 +189,7 @@ def add_parsers(subparsers) -> None:
     )
     gr.add_argument("--lab", action="append", help="grade only this lab (repeatable)")
     gr.add_argument(
-        "--workers", type=int, default=None, help="parallel submissions (default: cpu_count // 2)"
+        "--workers", type=int, default=None, help="parallel submissions (default: half the cores of this CPU set)"
     )
     gr.add_argument(
         "--timeout",
@@ -150,13 +198,17 @@ def add_parsers(subparsers) -> None:
         help="wall-clock seconds per student and lab (default 300)",
     )
     gr.add_argument(
-        "--max-procs", type=int, default=32, help="processes at once per sandbox (default 32)"
+        "--max-procs",
+        type=int,
+        default=256,
+        help="processes and threads at once per sandbox (default 256)",
     )
     gr.add_argument(
         "--max-rss-gb",
         type=float,
         default=6.0,
-        help="resident memory of a sandbox tree (default 6)",
+        help="memory of a sandbox in GB: with a cgroup all it charges (processes, shared "
+        "memory, tmpfs files); without, the summed RSS of its processes (default 6)",
     )
     gr.add_argument(
         "--as-gb",
@@ -181,6 +233,12 @@ def add_parsers(subparsers) -> None:
         action="store_true",
         help="grade without bubblewrap (only for trusted code: a submission then sees and can "
         "change everything your user can)",
+    )
+    gr.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish an interrupted run: keep the jobs already graded in --out/_journal and "
+        "grade only the others",
     )
     cuda = gr.add_mutually_exclusive_group()
     cuda.add_argument(

@@ -1,8 +1,9 @@
-"""Grade a folder of submissions against the labs' public and hidden tests.
+"""Grade one job: one lab of one submission, against the lab's public and hidden tests.
 
-For every student (a sub-folder or a ``.zip`` of the submissions folder) and every lab, one
-*job* (:mod:`._jobs` runs them, each isolated: any exception or hang becomes that student's
-"grader error" row):
+The batch -- every student (a sub-folder or a ``.zip`` of the submissions folder) times every
+lab -- is :func:`shardlab.grading.grade` in :mod:`._driver` (options, rubrics, collection,
+journal, reports), which runs the jobs through :mod:`._jobs` (each isolated: any exception or
+hang becomes that student's "grader error" row). One job:
 
 1. verify that the labs, the ``shardlab`` package and the environment are unchanged since
    grading started (:mod:`._integrity`); unpack a zip just now, into a fresh folder;
@@ -10,12 +11,18 @@ For every student (a sub-folder or a ``.zip`` of the submissions folder) and eve
    unique match anywhere), with bounded, link-free walking and reading (:mod:`._fs`);
    missing files, unsafe folders and syntax errors are graded without running (the syntax
    check runs in a child process: a pathological file cannot crash the grader);
-3. copy the instructor's lab files (public tests, helpers, ``hidden/`` tests of this lab)
-   and the student's ``submit`` files into a fresh job folder, and run pytest on them inside
-   bubblewrap (:mod:`.sandbox`, :mod:`._bwrap`), every file mounted read-only;
+3. copy the instructor's lab files (public tests, helpers, ``hidden/`` tests of this lab),
+   a planted test that must fail (:mod:`._canary`) and the student's ``submit`` files into
+   a fresh job folder, and run pytest on them inside bubblewrap (:mod:`.sandbox`,
+   :mod:`._bwrap`), every file mounted read-only;
 4. check the instructor files are unchanged afterwards (else "tampered", 0 points: only
    possible without the sandbox);
-5. map pytest's per-test results to rubric points (:mod:`._score`).
+5. check the planted test failed in both reports (else "tampered"), then map pytest's
+   per-case results to rubric points (:mod:`._score`), counting only the cases the grader
+   collected itself from the reference lab (:mod:`._collect`), the worse of the JUnit report
+   and the progress log per case (:mod:`._junit`); a passed case of a test in the rubric's
+   ``[outside]`` table counts only if the values it recorded equal the reference
+   solution's, compared here in the grader (:mod:`._outside`).
 
 Statuses: passed, partial, failed, skipped, needs GPU, did not run, timeout, crashed,
 missing, syntax error, rejected, tampered, grader error.
@@ -25,16 +32,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-import sys
 import tempfile
-import xml.etree.ElementTree as ET
-from collections.abc import Iterable
 from pathlib import Path
 
+from ._canary import canary_problem, make_canary
+from ._collect import PYTEST_INI
 from ._feedback import Allowed, lab_feedback
 from ._fs import TreeError, make_dirs, open_dir_nofollow, read_in_tree, read_regular, write_new
-from ._junit import parse_junit, parse_progress
+from ._junit import ReportError, merge, parse_junit, parse_progress
+from ._outside import check_outside
 from ._results import LabResult
 from ._score import MESSAGE_CHARS, Row, _death_note, _zero, score
 from ._submissions import (
@@ -47,9 +53,7 @@ from ._submissions import (
     locate,
     safe_extract,
 )
-from .release import lab_dirs
-from .report import prepare_out, write_reports
-from .rubric import Rubric, load_rubric, sandbox_files
+from .rubric import Rubric, RubricError, sandbox_files
 from .sandbox import Limits, run_pytest
 
 __all__ = [
@@ -60,11 +64,8 @@ __all__ = [
     "LabResult",
     "Row",
     "SubmissionError",
-    "detect_cuda",
     "discover_submissions",
-    "grade",
     "grade_lab",
-    "load_rubrics",
     "locate",
     "parse_junit",
     "parse_progress",
@@ -73,14 +74,6 @@ __all__ = [
 ]
 
 MAX_INSTRUCTOR_FILE = 256 * 2**20
-
-PYTEST_INI = """[pytest]
-addopts = -p no:cacheprovider
-filterwarnings =
-    ignore::DeprecationWarning
-markers =
-    gpu: needs a CUDA device
-"""
 
 
 def grader_error(student: str, rubric: Rubric, reason: str, cuda: bool) -> LabResult:
@@ -124,8 +117,6 @@ def grade_lab(
 
     ``bwrap``: path of bubblewrap (the sandbox); None runs without it (unsafe).
     """
-    from ._fs import remove_tree
-
     lab = rubric.lab
     try:
         found, missing = collect(Path(root), lab, rubric.submit)
@@ -143,6 +134,22 @@ def grade_lab(
                     student, lab, _zero(rubric, "syntax error", problem, cuda), note=problem
                 )
 
+    if rubric.outside and rubric.reference is None:
+        # the batch (_jobs.run_jobs) records the reference's values first (_reference)
+        raise RubricError(f"{lab}: [outside] needs the reference solution's values, which "
+                          "were not recorded before grading")  # fmt: skip
+    run, tampered, canary = run_job(
+        rubric, found, limits=limits, cuda=cuda, tmp_root=tmp_root, bwrap=bwrap, package=package
+    )
+    return _result(student, rubric, run, tampered, limits, cuda, allowed, canary)
+
+
+def run_job(rubric: Rubric, found: dict[str, bytes], *, limits, cuda, tmp_root, bwrap, package):
+    """Lay out one job folder (instructor files, a planted test, ``found``: the submitted
+    files) and run pytest on it; (run result, instructor files changed, planted test)."""
+    from ._fs import remove_tree
+
+    lab = rubric.lab
     base = Path(tempfile.mkdtemp(prefix="shardlab-job-", dir=tmp_root))
     try:
         os.chmod(base, 0o700)
@@ -156,6 +163,8 @@ def grade_lab(
             sources = [
                 (n, read_regular(p, MAX_INSTRUCTOR_FILE)) for n, p in sandbox_files(rubric).items()
             ]
+            canary_file, canary_source, canary = make_canary(lab)
+            sources.append((canary_file, canary_source))
             for name, data in [*sources, *found.items()]:
                 parts = tuple(name.split("/"))
                 dir_fd = make_dirs(work_fd, parts[:-1])
@@ -187,10 +196,10 @@ def grade_lab(
         ]
     finally:
         remove_tree(base)
-    return _result(student, rubric, run, tampered, limits, cuda, allowed)
+    return run, tampered, canary
 
 
-def _result(student, rubric, run, tampered, limits, cuda, allowed) -> LabResult:
+def _result(student, rubric, run, tampered, limits, cuda, allowed, canary=None) -> LabResult:
     lab = rubric.lab
     if run.sandbox_error:
         return grader_error(student, rubric, run.sandbox_error, cuda)
@@ -216,20 +225,35 @@ def _result(student, rubric, run, tampered, limits, cuda, allowed) -> LabResult:
             wall=run.wall,
         )
     died = _death_note(run, limits)
+    forged = canary_problem(run.junit, run.progress, canary, died=bool(died)) if canary else ""
+    if forged:
+        return LabResult(
+            student,
+            lab,
+            _zero(rubric, "tampered", forged, cuda),
+            note="; ".join([forged, *notes]),
+            log_tail=run.log_tail,
+            wall=run.wall,
+        )
+    progress, running, collecting = parse_progress(run.progress, rubric)
     parsed = None
     if run.junit and not died:
         try:
-            parsed = parse_junit(run.junit, rubric)
-        except (ET.ParseError, RecursionError, ValueError):
+            # the worse of the two reports per case: a JUnit file rewritten at exit does not
+            # turn a failure the progress log recorded into a pass
+            parsed = merge(parse_junit(run.junit, rubric), progress)
+            running = None
+        except (ReportError, RecursionError):
             died = "pytest's JUnit report is unreadable"
-    running = None
     if parsed is None:
-        parsed, running, collecting = parse_progress(run.progress, rubric)
+        parsed = progress
         name = Path(collecting).name if collecting else ""
         if died and running is None and name in sandbox_files(rubric):  # a known file only
             died += f" while collecting {name}"
     if died:
         notes.insert(0, died)
+    # values the tests recorded, compared with the reference's here, outside the sandbox
+    parsed = check_outside(rubric, parsed, run.values)
     rows = score(
         rubric,
         parsed,
@@ -242,81 +266,3 @@ def _result(student, rubric, run, tampered, limits, cuda, allowed) -> LabResult:
     return LabResult(
         student, lab, rows, note="; ".join(notes), log_tail=run.log_tail, wall=run.wall
     )
-
-
-# --------------------------------------------------------------------------- driver
-
-
-def detect_cuda() -> bool:
-    """Whether torch sees a CUDA device (checked in a subprocess; the grader never imports torch)."""
-    try:
-        out = subprocess.run(
-            [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.stdout.strip().endswith("True")
-
-
-def load_rubrics(labs_dir: Path, labs: Iterable[str] | None = None) -> list[Rubric]:
-    """Rubrics of the labs under ``labs_dir`` (those with a rubric.toml), optionally filtered."""
-    wanted = set(labs) if labs else None
-    all_labs = [d for d in lab_dirs(Path(labs_dir)) if (d / "rubric.toml").is_file()]
-    if wanted is not None:
-        unknown = wanted - {d.name for d in all_labs}
-        if unknown:
-            raise ValueError(
-                f"unknown lab(s) {sorted(unknown)}; labs with a rubric: {[d.name for d in all_labs]}"
-            )
-        all_labs = [d for d in all_labs if d.name in wanted]
-    return [load_rubric(d) for d in all_labs]
-
-
-def grade(
-    labs_dir: Path,
-    submissions: Path,
-    out_dir: Path | None = None,
-    *,
-    labs: Iterable[str] | None = None,
-    workers: int | None = None,
-    limits: Limits | None = None,
-    cuda: bool | None = None,
-    progress=None,
-    sandbox: bool = True,
-) -> list[LabResult]:
-    """Grade every submission against every lab; write reports to ``out_dir`` if given.
-
-    ``sandbox=False`` runs submissions without bubblewrap (see ``_bwrap.UNSAFE_WARNING``);
-    with ``sandbox=True`` a missing or broken bubblewrap raises ``SandboxUnavailable``.
-    """
-    from ._jobs import require_bwrap, run_jobs
-
-    limits = limits or Limits()
-    rubrics = load_rubrics(labs_dir, labs)
-    if not rubrics:
-        raise ValueError(f"no lab with a rubric.toml under {labs_dir}.")
-    bwrap = require_bwrap() if sandbox else None
-    students = discover_submissions(submissions)
-    out_fd = prepare_out(Path(out_dir)) if out_dir is not None else None
-    try:
-        if cuda is None:
-            cuda = detect_cuda()
-        results = run_jobs(
-            students,
-            rubrics,
-            limits=limits,
-            cuda=cuda,
-            workers=workers or max(1, (os.cpu_count() or 2) // 2),
-            sandbox=sandbox,
-            progress=progress,
-            bwrap=bwrap,
-        )
-        if out_fd is not None:
-            write_reports(results, Path(out_dir), dir_fd=out_fd)
-    finally:
-        if out_fd is not None:
-            os.close(out_fd)
-    return results

@@ -8,6 +8,7 @@ to import. :func:`release_kit` writes a folder a student can set up with two com
     <out>/pkg/               the helper package (pyproject.toml + shardlab/), no build debris
     <out>/labs/              exactly what release() writes: solutions stripped, no hidden tests
     <out>/pytest.ini         the test markers the labs use (gpu, slow)
+    <out>/.shardlab-release.json  what this release wrote (``--force`` replaces only that)
 
 The package is copied from the ``shardlab`` this code is running from (the repository's
 ``pkg/`` in an editable install). It never holds a lab solution: :func:`release_kit` refuses
@@ -26,7 +27,14 @@ from pathlib import Path
 
 import shardlab
 
-from .release import ReleaseError, clear_out_dir, find_blocks, release, write_member
+from .release import check_labs_dir, find_blocks, release, write_member
+from .release_guard import (
+    ReleaseError,
+    check_out_dir,
+    check_zip_target,
+    clear_out_dir,
+    write_marker,
+)
 
 # What a student's environment needs to run the labs, their notebooks and public tests.
 STUDENT_PACKAGES = (
@@ -70,12 +78,26 @@ python3 -m venv .venv && .venv/bin/pip install -r requirements.txt   # set up (o
 .venv/bin/jupyter lab labs/                                            # open the labs
 ```
 
+Then activate the environment in every terminal you work in, so that `python`, `pytest` and
+`jupyter` are the ones in `.venv` — the commands the lab notebooks print (`pytest
+test_collectives.py -q` in a lab folder) assume it, and a JupyterLab started from an activated
+terminal gives its own terminals the same `PATH`:
+
+```bash
+source .venv/bin/activate                  # Windows: .venv\\Scripts\\activate
+jupyter lab labs/                          # the same as .venv/bin/jupyter lab labs/
+```
+
 Each `labs/NN_topic/` folder has `lab.ipynb` (the narrative and the experiments), the module
 you write (the functions that raise `NotImplementedError` with a hint) and its public tests:
 
 ```bash
-.venv/bin/pytest labs/{first_lab} -q        # the public tests of one lab
+pytest labs/{first_lab} -q                 # the public tests of one lab (activated)
+.venv/bin/pytest labs/{first_lab} -q       # the same without activating
 ```
+
+A rank that raises ends the run with that rank's message and traceback; ranks that wait for
+each other forever (a deadlock) are stopped after 10 s with what each one was waiting for.
 
 The notebook starts several ranks that import your module by name, so your code lives in
 the `.py` file, not in a notebook cell. Submit the files your instructor names (the lab's
@@ -173,16 +195,18 @@ def _check_no_solution(package: dict[str, bytes], labs_dir: Path) -> None:
 
 
 def release_kit(
-    labs_dir: Path, out_dir: Path, *, zip_kit: bool = False, force: bool = False
+    labs_dir: Path, out_dir: Path, *, zip_kit: bool = False, force: bool = False,
+    book_url: str | None = None,
 ) -> dict[str, str]:
     """Write the self-contained student folder into ``out_dir``; return ``{path: sha256}``.
 
-    ``out_dir`` must be empty or absent unless ``force``. With ``zip_kit`` the same files are
-    also written as ``<out_dir>.zip`` (sorted members, fixed timestamps).
+    ``out_dir`` must be empty or absent unless ``force`` (then it must hold a previous
+    release: its marker file lists everything in it). With ``zip_kit`` the same files are also
+    written as ``<out_dir>.zip`` (sorted members, fixed timestamps).
     """
     labs_dir, out_dir = Path(labs_dir), Path(out_dir)
-    if not labs_dir.is_dir():
-        raise ReleaseError(f"labs folder {labs_dir} does not exist.")
+    check_labs_dir(labs_dir)
+    check_out_dir(labs_dir, out_dir)
     extra = _package_files()  # validate before touching the output folder
     _check_no_solution(extra, labs_dir)
     extra["requirements.txt"] = (
@@ -192,13 +216,19 @@ def release_kit(
     first = labs[0] if labs else "01_collectives"
     extra["README.md"] = README.replace("{first_lab}", first).encode()
     extra["pytest.ini"] = PYTEST_INI.encode()
+    if zip_kit:
+        check_zip_target(out_dir.with_suffix(".zip"), force)
     clear_out_dir(labs_dir, out_dir, force)
-    manifest = {f"labs/{k}": v for k, v in release(labs_dir, out_dir / "labs").items()}
+    shipped = frozenset({"../" + k for k in extra} | set(extra))
+    labs_out = release(labs_dir, out_dir / "labs", marker=False, book_url=book_url,
+                       shipped=shipped)
+    manifest = {f"labs/{k}": v for k, v in labs_out.items()}
     for rel, data in sorted(extra.items()):
         target = out_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
         manifest[rel] = hashlib.sha256(data).hexdigest()
+    write_marker(out_dir, list(manifest))
     if zip_kit:
         with zipfile.ZipFile(out_dir.with_suffix(".zip"), "w", zipfile.ZIP_DEFLATED) as zf:
             for rel in sorted(manifest):

@@ -10,7 +10,11 @@ A lab module carries its reference solution between markers::
 the indentation of the BEGIN marker. :func:`release` applies it to every ``.py`` file of
 every ``labs/NN_*`` folder, drops ``hidden/`` and ``rubric.toml``, clears the outputs of
 notebook cells tagged ``student-output`` and writes everything in sorted order with
-content-only copies, so two releases of the same tree are byte-identical.
+content-only copies, so two releases of the same tree are byte-identical. Every release
+also writes a marker file listing what it wrote (:data:`MARKER`): ``--force`` replaces only a
+folder that holds a previous release and nothing else (:func:`clear_out_dir`). Links to the
+book are rewritten for a reader without the repository, and a release whose prose still
+points at something it does not contain is refused (:mod:`._kitrefs`).
 """
 
 from __future__ import annotations
@@ -19,10 +23,19 @@ import ast
 import hashlib
 import json
 import re
-import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+# ReleaseError is defined with the output folder's guard and is this module's error as well
+from ._kitrefs import Rewriter, book_url_from_config, chapter_titles, dangling
+from .release_guard import (  # noqa: F401  (MARKER, clear_out_dir: re-exported)
+    MARKER,
+    ReleaseError,
+    check_out_dir,
+    clear_out_dir,
+    write_marker,
+)
 
 BEGIN_RE = re.compile(r"^(?P<indent>[ \t]*)#\s*BEGIN SOLUTION\b(?P<rest>.*)$")
 END_RE = re.compile(r"^[ \t]*#\s*END SOLUTION\b")
@@ -40,10 +53,6 @@ EXCLUDED_SUFFIXES = (".pyc", ".pyo")
 LAB_DIR_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+$")
 # Fixed timestamp for zip members (the zip format cannot store anything earlier).
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
-
-
-class ReleaseError(ValueError):
-    """A lab cannot be released (unbalanced markers, stub that is not valid Python, ...)."""
 
 
 @dataclass(frozen=True)
@@ -152,9 +161,16 @@ def lab_dirs(labs_dir: Path) -> list[Path]:
     return sorted(p for p in Path(labs_dir).iterdir() if p.is_dir() and LAB_DIR_RE.match(p.name))
 
 
-def released_files(labs_dir: Path) -> dict[str, bytes]:
-    """Map of release-relative path -> released bytes (the whole release, in memory, sorted)."""
+def released_files(labs_dir: Path, book_url: str | None = None,
+                   shipped: frozenset[str] = frozenset()) -> dict[str, bytes]:
+    """Map of release-relative path -> released bytes (the whole release, in memory, sorted).
+
+    Book links point at ``book_url`` (default: ``html.baseurl`` of the repository's
+    ``_config.yml``; none: the chapter's title in words); ``shipped``: what a kit holds beside
+    the labs. Raises :class:`ReleaseError` naming every reference the release cannot resolve."""
     labs_dir = Path(labs_dir)
+    book_url = book_url or book_url_from_config(labs_dir.parent / "_config.yml")
+    refs = Rewriter(book_url, chapter_titles(labs_dir.parent / "book"))
     files: dict[str, bytes] = {}
     sources: list[tuple[str, Path]] = []
     for top in sorted(labs_dir.iterdir()):
@@ -173,21 +189,28 @@ def released_files(labs_dir: Path) -> dict[str, bytes]:
         if path.suffix == ".py":
             data = strip_solutions(data.decode("utf-8"), rel).encode("utf-8")
         elif path.suffix == ".ipynb":
-            data = strip_notebook(data.decode("utf-8"), rel).encode("utf-8")
+            text = strip_notebook(data.decode("utf-8"), rel)
+            data = refs.notebook(rel, text).encode("utf-8")
+        elif path.suffix == ".md":
+            data = refs.text(rel, data.decode("utf-8")).encode("utf-8")
         files[rel] = data
+    bad = dangling(files, shipped)
+    if bad:
+        raise ReleaseError(f"{len(bad)} reference(s) the release cannot resolve (first: "
+                           f"{'; '.join(bad[:3])}); link the book by URL and name only files "
+                           "the kit contains.")  # fmt: skip
     return files
 
 
-def clear_out_dir(labs_dir: Path, out_dir: Path, force: bool) -> None:
-    """Refuse a non-empty ``out_dir`` unless ``force``; never clear a folder holding the labs."""
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not force:
-            raise ReleaseError(
-                f"output folder {out_dir} is not empty; pass --force to replace its contents."
-            )
-        if out_dir.resolve() in (labs_dir.resolve(), *labs_dir.resolve().parents):
-            raise ReleaseError(f"refusing to clear {out_dir}: it contains the labs folder.")
-        shutil.rmtree(out_dir)
+def check_labs_dir(labs_dir: Path) -> None:
+    """Refuse a labs folder that is missing or holds no ``NN_topic`` lab."""
+    if not labs_dir.is_dir():
+        raise ReleaseError(f"labs folder {labs_dir} does not exist.")
+    if not lab_dirs(labs_dir):
+        raise ReleaseError(
+            f"labs folder {labs_dir} holds no lab folder (named like 01_collectives); "
+            "point --labs at the folder that holds the labs."
+        )
 
 
 def write_member(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
@@ -198,17 +221,28 @@ def write_member(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
     zf.writestr(info, data)
 
 
-def release(labs_dir: Path, out_dir: Path, *, zip_labs: bool = False, force: bool = False) -> dict:
+def release(
+    labs_dir: Path,
+    out_dir: Path,
+    *,
+    zip_labs: bool = False,
+    force: bool = False,
+    marker: bool = True,
+    book_url: str | None = None,
+    shipped: frozenset[str] = frozenset(),
+) -> dict:
     """Write the student copy of every lab of ``labs_dir`` into ``out_dir``.
 
     Returns a manifest ``{relative path: sha256}``. With ``zip_labs`` each lab is also written
     as ``<lab>.zip`` with fixed timestamps and sorted members. ``out_dir`` must be empty or
-    absent unless ``force`` (then it is cleared first).
+    absent unless ``force`` (then it must hold a previous release, which is cleared first).
+    ``marker=False`` leaves out the marker file (the student kit writes its own one level up).
+    ``book_url`` and ``shipped``: see :func:`released_files`.
     """
     labs_dir, out_dir = Path(labs_dir), Path(out_dir)
-    if not labs_dir.is_dir():
-        raise ReleaseError(f"labs folder {labs_dir} does not exist.")
-    files = released_files(labs_dir)  # validate everything before writing anything
+    check_labs_dir(labs_dir)
+    check_out_dir(labs_dir, out_dir)
+    files = released_files(labs_dir, book_url, shipped)  # validate all before writing
     clear_out_dir(labs_dir, out_dir, force)
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = {}
@@ -223,4 +257,7 @@ def release(labs_dir: Path, out_dir: Path, *, zip_labs: bool = False, force: boo
             with zipfile.ZipFile(out_dir / f"{lab.name}.zip", "w", zipfile.ZIP_DEFLATED) as zf:
                 for rel, data in members:
                     write_member(zf, rel, data)
+    if marker:
+        zips = [f"{lab.name}.zip" for lab in lab_dirs(labs_dir)] if zip_labs else []
+        write_marker(out_dir, [*manifest, *zips])
     return manifest

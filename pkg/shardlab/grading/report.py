@@ -14,12 +14,15 @@
 ``_logs/<student>/<lab>.log``
     the last few kB of pytest's output for that lab (bounded; for the instructor: it shows
     test source lines and raw exception text).
+``_journal/``
+    each job's result as it finished (:mod:`._journal`; ``--resume`` reads it back).
 
 Safety: the output folder is created by the grader, or must be an existing *empty* folder
 (not a link); it is opened once and every report is created inside it relative to that open
 folder with ``O_CREAT | O_EXCL | O_NOFOLLOW``, so nothing is written through a link or over
 an existing file. CSV cells that begin with ``= + - @`` (or a tab / carriage return) get a
-leading ``'`` so a spreadsheet does not run them as formulas.
+leading ``'`` so a spreadsheet does not run them as formulas; every non-printable character
+of a cell or of a junit.xml attribute is escaped (:func:`printable`).
 ``junit.xml``
     one ``testsuite`` per student and lab, one ``testcase`` per rubric test; failures carry
     the message, "needs GPU" is a ``skipped``, "did not run"/crashes are ``error``.
@@ -36,6 +39,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from ._fs import write_new
+from ._journal import JOURNAL
 from ._results import LabResult
 
 GRADES_FIELDS = ("student", "lab", "test", "points", "max_points", "status", "message")
@@ -46,9 +50,19 @@ def fmt(x: float) -> str:
     return f"{round(x, 6):g}"
 
 
-def cell(value) -> str:
-    """A CSV cell a spreadsheet shows as text: formula-like starts are neutralized."""
+def printable(value) -> str:
+    """``value`` with every non-printable character (terminal escapes, CR, NUL...) written as
+    ``\\xNN`` / ``\\uNNNN``, so no name or message can move a terminal's cursor or fake a line."""
     text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\t" else ascii(c)[1:-1] for c in text)
+
+
+def cell(value) -> str:
+    """A CSV cell a spreadsheet shows as text: formula-like starts are neutralized, and
+    non-printable characters escaped (:func:`printable`)."""
+    text = printable(value)
     return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
@@ -126,7 +140,7 @@ def junit(results: list[LabResult]) -> ET.ElementTree:
         suite = ET.SubElement(
             suites,
             "testsuite",
-            name=f"{res.student}.{res.lab}",
+            name=printable(f"{res.student}.{res.lab}"),
             tests=str(len(res.rows)),
             failures=str(
                 sum(r.status in ("failed", "partial", "tampered", "skipped") for r in res.rows)
@@ -143,7 +157,11 @@ def junit(results: list[LabResult]) -> ET.ElementTree:
         )
         for row in res.rows:
             case = ET.SubElement(
-                suite, "testcase", classname=f"{res.student}.{res.lab}", name=row.test, time="0"
+                suite,
+                "testcase",
+                classname=printable(f"{res.student}.{res.lab}"),
+                name=row.test,
+                time="0",
             )
             props = ET.SubElement(case, "properties")
             ET.SubElement(props, "property", name="points", value=fmt(row.points))
@@ -152,17 +170,20 @@ def junit(results: list[LabResult]) -> ET.ElementTree:
             if row.status == "passed":
                 continue
             if row.status == "needs GPU":
-                ET.SubElement(case, "skipped", message=row.message)
+                ET.SubElement(case, "skipped", message=printable(row.message))
             elif row.status in ("failed", "partial", "tampered", "skipped"):
-                ET.SubElement(case, "failure", message=f"{row.status}: {row.message}")
+                ET.SubElement(case, "failure", message=printable(f"{row.status}: {row.message}"))
             else:
-                ET.SubElement(case, "error", message=f"{row.status}: {row.message}")
+                ET.SubElement(case, "error", message=printable(f"{row.status}: {row.message}"))
     ET.indent(suites)
     return ET.ElementTree(suites)
 
 
-def prepare_out(out_dir: Path) -> int:
-    """Create ``out_dir`` (or accept an empty real folder) and return it opened (no link followed)."""
+def prepare_out(out_dir: Path, *, resume: bool = False) -> int:
+    """Create ``out_dir`` (or accept an empty real folder) and return it opened (no link followed).
+
+    ``resume``: the folder may also hold the ``_journal`` of an interrupted run (and nothing
+    else: a run whose reports were written is finished)."""
     out_dir = Path(out_dir)
     try:
         st = os.lstat(out_dir)
@@ -173,11 +194,18 @@ def prepare_out(out_dir: Path) -> int:
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise ValueError(f"--out {out_dir} exists and is not a folder (or is a symbolic link).")
     fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    if os.listdir(fd):
+    entries = set(os.listdir(fd))
+    if resume and entries - {JOURNAL}:
+        os.close(fd)
+        raise ValueError(
+            f"--out {out_dir} holds more than the _journal of an interrupted run (its reports "
+            "are written, or it is another folder); nothing to resume there."
+        )
+    if entries and not resume:
         os.close(fd)
         raise ValueError(
             f"--out {out_dir} is not empty; give a new or empty folder (reports are never "
-            "written over existing files)."
+            "written over existing files), or --resume to finish an interrupted run there."
         )
     return fd
 

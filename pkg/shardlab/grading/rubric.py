@@ -13,11 +13,20 @@ All parametrizations of a test share its points equally. Test files are looked u
 folder and in its ``hidden/`` folder; every key must name a test function that exists.
 
 A lab built on earlier labs names the modules it imports from them; the grader mounts the
-instructor's copies read-only into the sandbox as ``_earlier_labs/<file>`` (the lab adds that
-folder to ``sys.path`` when the sibling lab folders are absent)::
+instructor's copies read-only into the sandbox as ``_earlier_labs/<file>`` (the lab loads them
+from there by path, ``shardlab.modload.provide``, when the sibling lab folders are absent)::
 
     [needs]
     "04_fsdp" = ["fsdp.py", "fsdp_units.py"]
+
+A test whose check compares produced values can have that comparison made by the grader
+(:mod:`.outside`, :mod:`._outside`): the test records its values, the grader runs the tests on
+the reference solution once and awards the points only if the values equal the reference's
+within the tolerance (:mod:`._values`)::
+
+    [outside]                              # rubric key = tolerance
+    "test_collectives.py::test_ring_all_gather" = "exact"
+    "test_collectives.py::test_ring_all_reduce" = "close"
 """
 
 from __future__ import annotations
@@ -52,6 +61,19 @@ class Rubric:
     lab_dir: Path
     gpu_tests: frozenset[str] = field(default=frozenset())
     needs: tuple[tuple[str, str], ...] = ()  # (sibling lab, file) mounted as _earlier_labs/file
+    outside: dict[str, str] = field(default_factory=dict)  # key -> tolerance ([outside])
+    # {node id: {name: value}} the reference solution recorded (:mod:`._outside`); None
+    # until the grader ran it
+    reference: dict | None = field(default=None, compare=False, repr=False)
+    # {key: ((case id, needs GPU), ...)}: the cases the grader collected itself from the
+    # reference lab (:mod:`._collect`); None until then (one case per key)
+    cases: dict[str, tuple[tuple[str, bool], ...]] | None = field(default=None, compare=False)
+
+    def expected(self, key: str) -> tuple[tuple[str, bool], ...]:
+        """The cases of one rubric test: collected, or one case when not collected."""
+        if self.cases is not None and key in self.cases:
+            return self.cases[key]
+        return (("", key in self.gpu_tests),)
 
     @property
     def max_points(self) -> float:
@@ -172,7 +194,23 @@ def load_rubric(lab_dir: Path) -> Rubric:
             gpu_tests.add(key)
         clean[key] = float(value)
     needs = _needs(path, lab_dir, data.get("needs", {}))
-    return Rubric(lab, tuple(submit), clean, lab_dir, frozenset(gpu_tests), needs)
+    outside = _outside(path, clean, data.get("outside", {}))
+    return Rubric(lab, tuple(submit), clean, lab_dir, frozenset(gpu_tests), needs, outside)
+
+
+def _outside(path: Path, points: dict[str, float], table) -> dict[str, str]:
+    """Validate ``[outside]``: rubric keys with a tolerance each."""
+    from ._values import tolerance_problem
+
+    if not isinstance(table, dict):
+        raise RubricError(f"{path}: [outside] must be a table of test = tolerance, got {table!r}.")
+    for key, tol in table.items():
+        if key not in points:
+            raise RubricError(f"{path}: [outside] key {key!r} is not a test of [points].")
+        problem = tolerance_problem(tol)
+        if problem:
+            raise RubricError(f"{path}: [outside] {key!r}: {problem}.")
+    return dict(table)
 
 
 def _needs(path: Path, lab_dir: Path, table) -> tuple[tuple[str, str], ...]:

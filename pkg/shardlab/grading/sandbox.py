@@ -25,12 +25,14 @@ What is limited, and how
       a lot of virtual memory; not set when CUDA is used) and file size (``RLIMIT_FSIZE``,
       stops an output flood) are set by the supervisor with ``resource.setrlimit`` and
       inherited by every descendant;
-    * /tmp, /dev/shm and the work folder are tmpfs mounts of ``tmp_mb`` each;
-    * number of processes and total resident memory: polled with psutil every ``poll``
-      seconds; the whole tree is killed when either exceeds its limit.
+    * /tmp, /dev/shm and the work folder are tmpfs mounts of ``tmp_mb`` each; ``/proc`` is
+      read-only; a root grader starts bubblewrap as ``nobody`` (:func:`._bwrap.sandbox_identity`);
+    * memory, processes + threads, CPU share: a cgroup per sandbox (:mod:`._cgroup`) where
+      the machine allows, the supervisor moved into it before it starts pytest; else
+      (sampling) psutil every ``poll`` seconds counts processes and threads and sums RSS.
 
-To kill, every process found is frozen with SIGSTOP (repeatedly, until no new process
-appears), then all get SIGKILL, so nothing can fork during the kill.
+To kill, the sandbox's PID 1 gets SIGKILL (the kernel ends its PID namespace at once), the
+cgroup's members get SIGKILL, and a last scan freezes (SIGSTOP) and kills anything still found.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -48,8 +51,12 @@ from pathlib import Path
 
 import psutil
 
-from ._bwrap import INI, PKG, WORK, bwrap_argv
-from ._proctree import TOKEN_ENV, _alive, _proc, _Tree
+from ._bwrap import INI, PKG, WORK, bwrap_argv, sandbox_identity
+from ._cgroup import Cgroup
+from ._cgroup import create as create_cgroup
+from ._limits import _environment, _read_capped, _status, _tail, child_pid, limit_reason, memfds
+from ._proctree import _alive, _proc, _Tree
+from ._values import read_values
 
 
 @dataclass(frozen=True)
@@ -60,10 +67,11 @@ class Limits:
     cpu_seconds: int | None = None  # per process; default 2 * timeout + 10
     address_space_gb: float | None = 16.0  # per process RLIMIT_AS; None = unlimited
     file_size_mb: float = 64.0  # RLIMIT_FSIZE: any single file, including the output log
-    max_procs: int = 32  # processes in the sandbox tree at the same time
-    max_rss_gb: float = 6.0  # resident memory of the whole tree
+    max_procs: int = 256  # processes *and threads* in the sandbox at the same time
+    max_rss_gb: float = 6.0  # memory of the sandbox (cgroup: all it charges; else summed RSS)
     poll: float = 0.2  # monitor period, seconds
     tmp_mb: float = 512.0  # size of each tmpfs in the sandbox: /tmp, /dev/shm, /grade
+    cgroup: bool = True  # a cgroup per sandbox where the machine allows (False: sampling only)
 
     def rlimits(self, cuda: bool) -> dict:
         cpu = self.cpu_seconds if self.cpu_seconds is not None else int(2 * self.timeout + 10)
@@ -92,79 +100,12 @@ class RunResult:
     survivors_killed: int = 0
     wall: float = 0.0
     load: float = 0.0  # 1-minute load average when a timeout struck
+    enforced_by: str = ""  # "cgroup v1" / "cgroup v2" / "sampling"
+    values: bytes | None = None  # what the tests recorded for the grader (.outside)
 
 
 _supervisors: set[int] = set()  # live supervisor / bwrap pids of all running sandboxes
 _supervisors_lock = threading.Lock()
-
-
-def _tail(path: Path, nbytes: int) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - nbytes))
-            data = fh.read(nbytes)
-    except OSError:
-        return ""
-    text = data.decode("utf-8", "replace")
-    if size > nbytes:
-        text = f"[... {size - nbytes} earlier bytes of output not shown]\n" + text
-    return text
-
-
-def _status(path: Path) -> dict:
-    """Merged JSON records of the supervisor's status file (bounded read)."""
-    merged: dict = {}
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(65536)
-    except OSError:
-        return merged
-    for line in data.decode("utf-8", "replace").splitlines():
-        with contextlib.suppress(ValueError):
-            record = json.loads(line)
-            if isinstance(record, dict):
-                merged.update(record)
-    return merged
-
-
-def _environment(
-    token: str, cuda: bool, sandbox: bool, work: Path, package: Path | None
-) -> dict[str, str]:
-    if sandbox:
-        pkg_parent = PKG
-    else:
-        pkg_parent = str(Path(package).parent if package else Path(__file__).resolve().parents[2])
-    if sandbox:  # a fresh, minimal environment: nothing of the grader's leaks in
-        env = {
-            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": WORK,
-            "LANG": "C.UTF-8",
-            "TMPDIR": "/tmp",
-        }
-    else:
-        env = dict(os.environ)
-        for var in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTHONSTARTUP", "PYTEST_CURRENT_TEST"):
-            env.pop(var, None)
-        env["TMPDIR"] = str(work / ".tmp")
-    env.update(
-        {
-            TOKEN_ENV: token,
-            "PYTHONPATH": pkg_parent,
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONHASHSEED": "0",
-            "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-            "MPLBACKEND": "Agg",
-            # only pytest's own plugins: faster start, and nothing installed can alter reports
-            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-        }
-    )
-    if not cuda:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
 
 
 def run_pytest(
@@ -182,7 +123,7 @@ def run_pytest(
 ) -> RunResult:
     """Run pytest in a fresh sandbox; always kill the whole tree before returning.
 
-    With ``bwrap`` (its path), ``work_files`` ({name: host file}) are mounted read-only into
+    With ``bwrap`` (its path), ``work_files`` ({name: host file}) are copied read-only into
     the sandbox's ``/grade/work``; without it (unsafe), pytest runs in ``work`` itself.
     ``package``: the ``shardlab`` package folder the sandbox imports (the grader's copy).
     ``private`` is a folder of the grader's that the sandbox never sees.
@@ -191,7 +132,8 @@ def run_pytest(
     sandbox = bwrap is not None
     token = secrets.token_hex(16)
     log_path = private / "output.log"
-    paths = {k: private / f"{k}-{secrets.token_hex(8)}" for k in ("junit", "progress", "status")}
+    kinds = ("junit", "progress", "status", "values")
+    paths = {k: private / f"{k}-{secrets.token_hex(8)}" for k in kinds}
     fds = {k: os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600) for k, p in paths.items()}
     config = {
         "workdir": WORK if sandbox else str(work),
@@ -199,6 +141,7 @@ def run_pytest(
         "junit_fd": fds["junit"],
         "progress_fd": fds["progress"],
         "status_fd": fds["status"],
+        "values_fd": fds["values"],  # what the tests record for the grader (.outside)
         "cuda": cuda,
         "limits": limits.rlimits(cuda),
         "pytest_args": list(pytest_args),
@@ -208,15 +151,40 @@ def run_pytest(
     env = _environment(token, cuda, sandbox, Path(work), package)
     runner = f"{PKG}/shardlab" if sandbox else str(package)
     command = [sys.executable, "-P", f"{runner}/grading/_runner.py", "supervise"]
+    extra_fds: list[int] = []
+    info_r = None
+    ident = None
     if sandbox:
+        ident = sandbox_identity(bwrap, package)
+        if ident is not None:  # pytest reopens it as /proc/self/fd/N: a fresh permission check
+            os.fchown(fds["junit"], *ident)
+        data = memfds(work_files or {})
+        ini_fd = memfds({"ini": Path(ini)})["ini"]
+        extra_fds.append(ini_fd)
+        extra_fds += data.values()
+        info_r, info_w = os.pipe()
+        extra_fds.append(info_w)
         tmp_bytes = int(limits.tmp_mb * 2**20)
-        prefix = bwrap_argv(bwrap, work_files or {}, ini, package, tmp_bytes=tmp_bytes, cuda=cuda)
-        command = prefix + [
-            "--",
-            *command,
-        ]
+        prefix = bwrap_argv(
+            bwrap,
+            data,
+            ini_fd,
+            package,
+            tmp_bytes=tmp_bytes,
+            cuda=cuda,
+            info_fd=info_w,
+            ident=ident,
+        )
+        command = [*prefix, "--", *command]
     else:
         (Path(work) / ".tmp").mkdir(exist_ok=True)
+    cgroup: Cgroup | None = None
+    if limits.cgroup:
+        cgroup = create_cgroup(
+            token[:16],
+            memory_bytes=int(limits.max_rss_gb * 2**30),
+            tasks=limits.max_procs,
+        )
     start = time.monotonic()
     try:
         with open(log_path, "wb") as log:
@@ -225,18 +193,30 @@ def run_pytest(
                 stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                cwd=str(private if sandbox else work),
+                cwd=str(private if sandbox and ident is None else "/" if sandbox else work),
                 env=env,
                 start_new_session=True,
-                pass_fds=tuple(fds.values()),
+                pass_fds=(*fds.values(), *extra_fds),
+                **(dict(user=ident[0], group=ident[1], extra_groups=[]) if ident else {}),
             )
+    except BaseException:
+        if cgroup is not None:
+            cgroup.remove()
+        raise
     finally:
-        for fd in fds.values():
+        for fd in (*fds.values(), *extra_fds):
             os.close(fd)
     with _supervisors_lock:
         _supervisors.add(proc.pid)
     result = RunResult(returncode=None)
     tree = _Tree(psutil.Process(proc.pid), proc.pid, token)
+    # the sandbox's PID 1 (the supervisor): it waits for its configuration on stdin, so it is
+    # moved into the cgroup before it or anything below it runs a line of the submission
+    init = child_pid(info_r, proc) if sandbox else proc.pid
+    if cgroup is not None and not (init and cgroup.add(init)):
+        cgroup.remove()
+        cgroup = None
+    result.enforced_by = cgroup.version.replace("v", "cgroup v") if cgroup else "sampling"
     try:
         proc.stdin.write(json.dumps(config).encode())
         proc.stdin.close()
@@ -252,6 +232,9 @@ def run_pytest(
                 pytest_proc = _proc(int(status["pytest_pid"]))
                 if pytest_proc is not None:
                     tree.known.setdefault(pytest_proc.pid, pytest_proc)
+            result.killed_reason = limit_reason(cgroup, limits)
+            if result.killed_reason:
+                break
             if "exit" in status:
                 result.returncode = int(status["exit"])
                 if sandbox:  # the supervisor exits right after: let the namespace end
@@ -263,27 +246,41 @@ def run_pytest(
                 if sandbox or pytest_proc is None or not _alive(pytest_proc):
                     break  # the sandbox ended, or (unsafe) the supervisor and pytest died
                 result.supervisor_killed = True  # pytest orphaned but still running: wait
-            procs = [p for p in tree.scan() if p.pid != proc.pid or not sandbox]
-            if len(procs) > limits.max_procs:
-                result.killed_reason = (
-                    f"the submission started too many processes ({len(procs)} at once; "
-                    f"limit {limits.max_procs})"
-                )
-                break
-            if tree.rss(procs) > limits.max_rss_gb * 2**30:
-                result.killed_reason = (
-                    f"the submission used more than {limits.max_rss_gb:g} GB of memory"
-                )
-                break
+            if cgroup is None:  # sampling: every process and thread, their summed RSS
+                procs = [p for p in tree.scan() if p.pid != proc.pid or not sandbox]
+                tasks = tree.tasks(procs)
+                if tasks > limits.max_procs:
+                    result.killed_reason = (
+                        f"the submission started too many processes and threads ({tasks} "
+                        f"at once in {len(procs)} processes; limit {limits.max_procs})"
+                    )
+                    break
+                if tree.rss(procs) > limits.max_rss_gb * 2**30:
+                    result.killed_reason = (
+                        f"the submission used more than {limits.max_rss_gb:g} GB of memory"
+                    )
+                    break
             if time.monotonic() > deadline:
                 result.timed_out = True
                 result.load = os.getloadavg()[0]
                 break
             time.sleep(limits.poll)
     finally:
-        killed = tree.kill_all()
+        # Killing the sandbox's PID 1 ends its whole PID namespace at once (the kernel kills
+        # every member; none can fork meanwhile); the cgroup then kills anything left.
+        before = cgroup.members() if cgroup is not None else set()
+        if sandbox and init:
+            with contextlib.suppress(OSError):
+                os.kill(init, signal.SIGKILL)
+        killed = 0
+        if cgroup is not None:
+            killed = len((before | cgroup.kill()) - {init})  # not counting PID 1 itself
+        result.killed_reason = result.killed_reason or limit_reason(cgroup, limits)
+        killed += tree.kill_all(settle=0.3 if sandbox else 1.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
+        if cgroup is not None:
+            cgroup.remove()
         with _supervisors_lock:
             _supervisors.discard(proc.pid)
     result.survivors_killed = int(status.get("survivors", 0)) + killed
@@ -308,14 +305,6 @@ def run_pytest(
             record = json.loads(line)
             if isinstance(record, dict):
                 result.progress.append(record)
+    result.values = read_values(paths["values"])
     result.log_tail = _tail(log_path, log_tail)
     return result
-
-
-def _read_capped(path: Path, limit: int) -> bytes | None:
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
-    except OSError:
-        return None
-    return data if data and len(data) <= limit else None

@@ -18,6 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from shardlab.accounting.compute import ModelShape
+
 __all__ = ["GPTConfig", "GPT", "Block", "make_batch"]
 
 
@@ -48,6 +50,24 @@ class GPTConfig:
             raise ValueError(f"GPTConfig: d_ff={self.d_ff!r} must be a positive integer.")
         if not (0.0 <= float(self.dropout) < 1.0):
             raise ValueError(f"GPTConfig: dropout={self.dropout!r} must be in [0, 1).")
+
+    @classmethod
+    def from_shape(cls, shape: ModelShape, *, dropout: float = 0.0) -> GPTConfig:
+        """The GPT of an :class:`shardlab.accounting.compute.ModelShape` (GPT-style: GeLU MLP,
+        ``kv_heads = heads``, LayerNorm; anything else is a ``ValueError``). ``dropout`` is the
+        probability; ``shape.dropout`` only tells the accounting whether masks are saved."""
+        shape.check_gpt_style("GPTConfig.from_shape")
+        return cls(vocab_size=shape.vocab, seq_len=shape.seq_len, n_layer=shape.layers,
+                   n_head=shape.heads, d_model=shape.hidden, d_ff=shape.ffn,
+                   tied_embeddings=shape.tied_embeddings, dropout=dropout)
+
+    def to_shape(self) -> ModelShape:
+        """This GPT as the accounting describes it (the reverse of :meth:`from_shape`)."""
+        return ModelShape(layers=self.n_layer, hidden=self.d_model, heads=self.n_head,
+                          kv_heads=self.n_head, ffn=self.d_ff, vocab=self.vocab_size,
+                          seq_len=self.seq_len, gated=False,
+                          tied_embeddings=self.tied_embeddings, dropout=self.dropout > 0,
+                          norm="layernorm")
 
     @property
     def head_dim(self) -> int:

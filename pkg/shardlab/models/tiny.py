@@ -181,4 +181,4 @@ def predicted_step_peak(prof: dict, layout: str, dp: int):
         activation_bytes=max(prof["timeline"].bytes["activations"]),
         backward_workspace_bytes=logits_workspace(*prof["logits_shape"], 4),
         optimizer_workspace_bytes=adam_workspace(prof["stepped"]),
-    )  # fmt: skip
+    )

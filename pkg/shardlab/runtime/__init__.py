@@ -1,12 +1,17 @@
 """Multi-process runtime: launch N ranks, and instruments that count bytes sent and held.
 
 * :func:`launch`, :func:`device`, :class:`RankError`, :class:`LaunchTimeout`,
+  :class:`LaunchDeadlock`,
   :func:`report_progress`, :func:`init_from_env` — see :mod:`shardlab.runtime.launch`.
 * :class:`CommTrace`, :class:`CommRecord` — see :mod:`shardlab.runtime.trace_comm`.
 * bytes each rank really writes to its sockets (the trace's wire column) — see
   :mod:`shardlab.runtime.wire`; probes for chapter 1 in :mod:`shardlab.runtime.wire_probe`.
 * :class:`MemoryTrace`, :class:`MemoryTimeline` — see :mod:`shardlab.runtime.trace_memory`.
 * :func:`plot_memory` — see :mod:`shardlab.runtime.plot`.
+* profiling a step: :class:`~shardlab.runtime.profile.StepProfiler` (``torch.profiler``
+  traces per rank, ``shardlab train --profile``), compute / communication / exposed
+  communication per rank in :mod:`shardlab.runtime.trace_timeline`, the figure in
+  :mod:`shardlab.runtime.plot_timeline`.
 
 Importing this package does not import torch or matplotlib.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 # import helpers from the submodule with ``from shardlab.runtime.launch import ...``.
 from shardlab.runtime._phase import phase
 from shardlab.runtime.launch import (
+    LaunchDeadlock,
     LaunchError,
     LaunchTimeout,
     RankError,
@@ -34,6 +40,7 @@ __all__ = [
     "device",
     "RankError",
     "LaunchTimeout",
+    "LaunchDeadlock",
     "LaunchError",
     "report_progress",
     "init_from_env",

@@ -7,7 +7,8 @@ environment variables into our environment.  This process:
 1. registers ``faulthandler`` on SIGUSR1 so the parent can ask for every thread's stack
    (written to ``RUN_DIR/rank<R>.stack``) when the run times out;
 2. starts a watchdog thread that exits if the parent disappears (no orphan ranks);
-3. joins the process group through the TCPStore the parent hosts;
+3. joins the process group through the TCPStore the parent hosts, and starts the
+   communication watcher (``_commwatch``: what the rank waits for, in ``rank<R>.comm``);
 4. imports and calls the function, and writes ``rank<R>.result`` (pickled return value) or
    ``rank<R>.error`` (pickled dict with the traceback text).
 """
@@ -22,6 +23,9 @@ import sys
 import threading
 import time
 import traceback
+
+from shardlab.runtime._importable import _resolve
+from shardlab.runtime._rank_env import init_from_env
 
 
 def _atomic_dump(obj, path: str) -> None:
@@ -57,6 +61,8 @@ def _is_comm_error(exc: BaseException) -> bool:
 def main(run_dir: str, rank: int) -> int:
     stack_file = open(os.path.join(run_dir, f"rank{rank}.stack"), "w")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    # a rank that aborts in native code (gloo's size check) leaves its Python stack there too
+    faulthandler.enable(file=stack_file, all_threads=True)
     parent = int(os.environ.get("SHARDLAB_PARENT_PID", os.getppid()))
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
 
@@ -67,12 +73,13 @@ def main(run_dir: str, rank: int) -> int:
     warnings.filterwarnings(
         "ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning
     )
-    from shardlab.runtime.launch import _init_process_group_from_env, _resolve
-
     with open(os.path.join(run_dir, "payload.pkl"), "rb") as f:
         payload = pickle.load(f)
     try:
-        _init_process_group_from_env(backend=payload["backend"], timeout=payload["pg_timeout"])
+        init_from_env(backend=payload["backend"], timeout=payload["pg_timeout"])
+        from shardlab.runtime import _commwatch
+
+        _commwatch.start(run_dir, rank)  # what this rank waits for, for the hang detector
         fn = _resolve(payload["module"], payload["qualname"])
         args, kwargs = pickle.loads(payload["args"])
         result = fn(*args, **kwargs)

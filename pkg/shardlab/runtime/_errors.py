@@ -27,3 +27,13 @@ class LaunchTimeout(LaunchError, TimeoutError):
         super().__init__(message)
         self.stacks = stacks
         self.outputs = outputs or []
+
+
+class LaunchDeadlock(LaunchTimeout):
+    """Every rank was blocked in communication with nothing moving for ``hang_timeout``
+    seconds. The message starts with what each rank waited for and the likely mistake
+    (``summary``); ``stacks`` and ``outputs`` are as for :class:`LaunchTimeout`."""
+
+    def __init__(self, message, stacks, outputs=None, summary=""):
+        super().__init__(message, stacks, outputs)
+        self.summary = summary

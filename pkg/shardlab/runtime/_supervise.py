@@ -5,18 +5,25 @@ for the others' reports) or the timeout passed; it then kills every process
 (:func:`_kill_tree`: the ranks, their process groups, all descendants), prints the captured
 output and returns the results or raises :class:`RankError`. On a timeout, :func:`_timeout`
 asks every rank for its Python stacks (``faulthandler`` on SIGUSR1) before killing them and
-raises :class:`LaunchTimeout` with the stacks.
+raises :class:`LaunchTimeout` with the stacks. While waiting, a :class:`~._hang.HangWatch`
+reads what the ranks are blocked in; when all of them are stuck it ends the run the same way
+with :class:`LaunchDeadlock`, whose first line says what each rank waits for and why.
+
+A rank killed by a signal is reported with the backend's own reason, taken from its output
+(gloo's ``what(): ... Received data size doesn't match expected size``), and where its main
+thread was (the ``faulthandler`` dump at the abort).
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import re
 import signal
 import subprocess
 import time
 
-from shardlab.runtime._errors import LaunchTimeout, RankError
+from shardlab.runtime._errors import LaunchDeadlock, LaunchTimeout, RankError
 from shardlab.runtime._output import _print_outputs, _Progress, _read_output
 
 
@@ -75,7 +82,9 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _supervise(procs, run_dir, nprocs, timeout, progress, quiet, outputs, progress_files):
+def _supervise(
+    procs, run_dir, nprocs, timeout, progress, quiet, outputs, progress_files, hang=None
+):
     start = time.monotonic()
     deadline = start + timeout
     bar = _Progress(nprocs, timeout, progress_files) if progress else None
@@ -97,6 +106,10 @@ def _supervise(procs, run_dir, nprocs, timeout, progress, quiet, outputs, progre
                 break
             if now > deadline:
                 return _timeout(procs, run_dir, nprocs, timeout, quiet, outputs)
+            if hang is not None and first_failure_at is None:
+                summary = hang.check([r for r, c in enumerate(codes) if c is None])
+                if summary:
+                    return _timeout(procs, run_dir, nprocs, timeout, quiet, outputs, summary)
             time.sleep(0.02)
     except KeyboardInterrupt:
         interrupted = True
@@ -145,6 +158,12 @@ def _raise_failure(run_dir, codes, stopped, outputs):
         elif code < 0:
             info[r] = {"type": "signal", "comm": False, "time": 0.0, "traceback": ""}
             failures[r] = f"was killed by signal {_signal_name(code)}"
+            reason = _native_reason(outputs[r] if r < len(outputs) else "")
+            if reason:
+                failures[r] += f": {reason}"
+            where = _main_thread_at(run_dir, r)
+            if where:
+                info[r]["traceback"] = f"Python stack of its main thread at the signal:\n{where}"
         elif code != 0:
             info[r] = {"type": "exit", "comm": False, "time": 0.0, "traceback": ""}
             failures[r] = (
@@ -163,7 +182,7 @@ def _raise_failure(run_dir, codes, stopped, outputs):
         lines.append(
             "other ranks that failed: "
             + "; ".join(
-                f"rank {r} {failures[r]}"
+                f"rank {r} {_short(failures[r])}"
                 + (" (likely because a peer stopped)" if info[r].get("comm") else "")
                 for r in others
             )
@@ -174,7 +193,7 @@ def _raise_failure(run_dir, codes, stopped, outputs):
     raise RankError("\n".join(lines), primary, failures, tb, outputs)
 
 
-def _timeout(procs, run_dir, nprocs, timeout, quiet, outputs):
+def _timeout(procs, run_dir, nprocs, timeout, quiet, outputs, summary=""):
     for p in procs:
         if p.poll() is None:
             try:
@@ -200,18 +219,31 @@ def _timeout(procs, run_dir, nprocs, timeout, quiet, outputs):
     outputs[:] = [_read_output(run_dir, r) for r in range(nprocs)]
     if not quiet:
         _print_outputs(outputs)
-    parts = [f"the run exceeded its timeout of {timeout:g} s; stacks of every rank at that moment:"]
+    if summary:
+        parts = [summary, "stopped; stacks of every rank at that moment:"]
+    else:
+        parts = [
+            f"the run exceeded its timeout of {timeout:g} s; stacks of every rank at that moment:"
+        ]
     for r in range(nprocs):
         state = "" if stacks[r] else " (no stack: the rank had already exited or had not started)"
         parts.append(f"--- rank {r}{state} ---")
         if stacks[r]:
             parts.append(stacks[r])
+    if summary:
+        raise LaunchDeadlock("\n".join(parts), stacks, outputs, summary)
     raise LaunchTimeout("\n".join(parts), stacks, outputs)
 
 
 def _clean_stack(text: str) -> str:
-    """Drop the launcher's own watchdog thread from a faulthandler dump."""
-    blocks = [b for b in text.strip().split("\n\n") if "in _watch_parent" not in b]
+    """Drop the launcher's own threads (parent watchdog, communication watcher) from a
+    ``faulthandler`` dump: a block whose innermost frame is one of theirs."""
+
+    def ours(block: str) -> bool:
+        frames = [ln for ln in block.splitlines() if ln.strip().startswith("File ")]
+        return bool(frames) and ("in _watch_parent" in frames[0] or "_commwatch.py" in frames[0])
+
+    blocks = [b for b in text.strip().split("\n\n") if not ours(b)]
     return "\n\n".join(blocks).strip()
 
 
@@ -220,3 +252,42 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
+
+
+_WHAT = re.compile(r"what\(\):\s*(?:\[[^\]]*\]\s*)?(.+)")
+
+
+def _native_reason(output: str) -> str:
+    """The backend's own words for a native abort (the ``what():`` of a C++ exception),
+    without its source location: ``op.preamble.length <= op.nbytes. 28 vs 24. Received data
+    size doesn't match expected size. ...``."""
+    for line in output.splitlines():
+        m = _WHAT.search(line)
+        if m:
+            return m.group(1).strip()
+    return ""
+
+
+def _main_thread_at(run_dir: str, rank: int) -> str:
+    """The main thread's frames from a ``faulthandler`` dump at a fatal signal, innermost
+    first, without the launcher's own frames (empty when there is no dump)."""
+    try:
+        with open(os.path.join(run_dir, f"rank{rank}.stack"), errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    if "Fatal Python error" not in text:
+        return ""
+    for block in text.split("\n\n"):
+        if "_child.py" in block and " in main" in block:  # the rank's main thread
+            lines = [ln for ln in block.splitlines() if ln.strip().startswith("File ")]
+            lines = [ln for ln in lines if "shardlab/runtime/" not in ln and "<frozen" not in ln]
+            if lines:
+                return "\n".join(lines[:6])
+    return ""
+
+
+def _short(reason: str, limit: int = 160) -> str:
+    """A secondary rank's reason, cut to its first sentence or two."""
+    reason = reason.split(" This is typically caused")[0]
+    return reason if len(reason) <= limit else reason[: limit - 1] + "…"

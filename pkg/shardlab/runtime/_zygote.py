@@ -2,12 +2,13 @@
 
 Why
     A spawned rank (``python -m shardlab.runtime._child``) pays for a new interpreter and
-    ``import torch``: about 1.5 s of CPU per rank on this project's 2-core machines, most of a
+    ``import torch``, about 1.5 s of CPU per rank on a 2-core machine and most of a
     small launch — and a lab notebook or the test suite launches hundreds of times. On Linux,
     for gloo runs, :func:`shardlab.runtime.launch` therefore keeps one *zygote* per calling
     process: a child interpreter that imports ``torch`` and ``torch.distributed`` once and then
     ``fork()``\\ s a rank on request (what ``multiprocessing``'s forkserver with a preload does).
-    A trivial 2-rank launch goes from ~3.4 s to ~0.3 s.
+    A forked rank starts with torch imported, so a trivial 2-rank launch takes a fraction of
+    a second instead of seconds (``tests/test_dist_zygote.py`` checks that ranks fork from it).
 
 What a forked rank does
     It starts its own session, takes the environment, working directory, ``sys.path`` and
@@ -44,8 +45,8 @@ import time
 # variables read when the process, glibc's allocator, torch or OpenMP start: a rank that needs
 # other values than the zygote's must start fresh
 IMPORT_TIME_PREFIXES = (
-    "TORCH_", "PYTORCH_", "OMP_", "MKL_", "KMP_", "CUDA_", "PYTHON", "LD_", "MALLOC_", "GLIBC_",
-)  # fmt: skip
+    "TORCH_", "PYTORCH_", "ATEN_", "OMP_", "MKL_", "KMP_", "CUDA_", "PYTHON", "LD_", "MALLOC_", "GLIBC_",
+)
 
 
 def usable(backend: str, env: dict | None) -> bool:

@@ -30,11 +30,16 @@ Failures (no process survives any of them)
     * a rank raises: the others are stopped and :class:`RankError` names the rank that failed
       first (ranks that only failed because a peer vanished are listed as secondary) with its
       remote traceback;
+    * every rank is blocked in communication with nothing moving for ``hang_timeout`` s
+      (gloo): :class:`LaunchDeadlock` starts with each rank's wait and the likely mistake,
+      "rank 0 blocked in send to 1 (...), rank 1 blocked in send to 0 (...) for 10 s: both
+      ranks send first — a deadlock" (warned on stderr before; ``_commwatch``, ``_hang``);
     * the run exceeds ``timeout`` seconds: every rank's Python stack is dumped with
       ``faulthandler`` (SIGUSR1), then all are killed and :class:`LaunchTimeout` (a
       ``TimeoutError``) shows the stacks;
     * a rank dies from a signal or exits without raising (``os._exit``, a crash in native
-      code): :class:`RankError` says so, e.g. "rank 1 was killed by signal SIGKILL".
+      code): :class:`RankError` says so with the backend's own reason, e.g. "rank 0 was
+      killed by signal SIGABRT: ... Received data size doesn't match expected size. ...".
     Each rank runs in its own session (process group); stopping a launch kills the group and
     every descendant found with ``psutil``. Ranks also exit by themselves if the caller dies.
 
@@ -52,10 +57,11 @@ Under ``torchrun``
     directly after :func:`init_from_env`.
 
 Where the pieces live
-    This module holds :func:`launch`, :func:`device` and :func:`init_from_env`; the exceptions
-    are in ``_errors``, naming and importing ``fn`` in ``_importable``, captured output and the
-    progress bar in ``_output``, waiting, killing and stack dumps in ``_supervise``, and a
-    rank's entry point in ``_child``.
+    This module holds :func:`launch` (and re-exports :func:`device` and :func:`init_from_env`
+    from ``_rank_env``: a rank's threads, group and device); the exceptions are in ``_errors``,
+    naming and importing ``fn`` in ``_importable``, captured output and the progress bar in
+    ``_output``, waiting, killing and stack dumps in ``_supervise``, the warm fork parent in
+    ``_zygote``, and a rank's entry point in ``_child``.
 """
 
 from __future__ import annotations
@@ -65,16 +71,15 @@ import pickle
 import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
-from datetime import timedelta
-from typing import Any
 
-from shardlab.runtime import _zygote
-from shardlab.runtime._errors import LaunchError, LaunchTimeout, RankError
+from shardlab.runtime import _scratch, _zygote
+from shardlab.runtime._errors import LaunchDeadlock, LaunchError, LaunchTimeout, RankError
+from shardlab.runtime._hang import HangWatch
 from shardlab.runtime._importable import _locate
-from shardlab.runtime._importable import _resolve as _resolve  # used by _child and shardlab.run
 from shardlab.runtime._output import report_progress
+from shardlab.runtime._rank_env import _auto_backend, device, init_from_env, threads_per_rank
+from shardlab.runtime._rank_env import _cores as _cores  # lab 05's workers import it from here
 from shardlab.runtime._supervise import _kill_tree, _supervise
 
 __all__ = [
@@ -82,89 +87,11 @@ __all__ = [
     "device",
     "RankError",
     "LaunchTimeout",
+    "LaunchDeadlock",
     "LaunchError",
     "report_progress",
     "init_from_env",
 ]
-
-
-# ---------------------------------------------------------------------------- helpers (child side)
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - macOS
-        return os.cpu_count() or 1
-
-
-def init_from_env(backend: str | None = None, timeout: float = 1800.0) -> None:
-    """Initialise the default process group from torchrun-style environment variables.
-
-    Used by ranks started by :func:`launch` (they join the caller's TCPStore) and by
-    ``python -m shardlab.run`` under ``torchrun`` (plain ``env://``). Sets the thread count
-    and, for nccl, the rank's CUDA device. Does nothing if a group already exists."""
-    import torch
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    rank = int(os.environ["RANK"])
-    world = int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    torch.set_num_threads(max(1, _cores() // max(1, local_world)))
-    if backend is None:
-        backend = _auto_backend(local_world)
-    os.environ["SHARDLAB_BACKEND"] = backend
-    kwargs: dict[str, Any] = {"timeout": timedelta(seconds=timeout)}
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        kwargs["device_id"] = torch.device("cuda", local_rank)
-    if os.environ.get("SHARDLAB_STORE") == "client":
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            world,
-            is_master=False,
-            timeout=timedelta(seconds=timeout),
-        )
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world, **kwargs)
-    else:
-        dist.init_process_group(
-            backend, init_method="env://", rank=rank, world_size=world, **kwargs
-        )
-
-
-_init_process_group_from_env = init_from_env
-
-
-def device():
-    """This rank's ``torch.device``: ``cuda:LOCAL_RANK`` under nccl, else ``cpu``."""
-    import torch
-
-    backend = os.environ.get("SHARDLAB_BACKEND")
-    if backend is None:
-        try:
-            import torch.distributed as dist
-
-            backend = dist.get_backend() if dist.is_initialized() else "gloo"
-        except Exception:
-            backend = "gloo"
-    if "nccl" in str(backend):
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
-
-
-def _auto_backend(nprocs: int) -> str:
-    try:
-        import torch
-
-        if torch.cuda.is_available() and nprocs <= torch.cuda.device_count():
-            return "nccl"
-    except Exception:
-        pass
-    return "gloo"
 
 
 # ---------------------------------------------------------------------------- caller side
@@ -176,6 +103,7 @@ def launch(
     *args,
     backend: str | None = None,
     timeout: float = 120.0,
+    hang_timeout: float | None = 10.0,
     env: dict[str, str] | None = None,
     progress: bool = False,
     quiet: bool = False,
@@ -191,17 +119,25 @@ def launch(
         ``nprocs`` <= GPU count, else gloo).
     timeout: seconds for the whole run, startup included; on expiry the stacks are dumped
         and :class:`LaunchTimeout` is raised.
+    hang_timeout: seconds all ranks may stay blocked in communication, nothing moving, before
+        :class:`LaunchDeadlock` (gloo; ``None``: only ``timeout``); warned after a third.
     env: extra environment variables for the ranks.
     progress: draw a text progress bar on stderr (ranks may call :func:`report_progress`).
     quiet: do not print the ranks' captured output.
 
-    Keyword names ``backend``, ``timeout``, ``env``, ``progress`` and ``quiet`` belong to the
-    launcher; pass an argument of the same name to ``fn`` positionally.
+    Keyword names ``backend``, ``timeout``, ``hang_timeout``, ``env``, ``progress`` and
+    ``quiet`` belong to the launcher; pass an argument of the same name to ``fn`` positionally.
     """
     if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
         raise ValueError(f"nprocs={nprocs!r} must be a positive integer number of ranks.")
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout={timeout!r} must be a positive number of seconds.")
+    if hang_timeout is not None and not (
+        isinstance(hang_timeout, (int, float)) and hang_timeout > 0
+    ):
+        raise ValueError(
+            f"hang_timeout={hang_timeout!r} must be a positive number of seconds or None."
+        )
     if backend is not None and backend not in ("gloo", "nccl", "mpi", "ucc"):
         raise ValueError(f"backend={backend!r} is not one of 'gloo', 'nccl' (or None for auto).")
     module, qualname, folder = _locate(fn)
@@ -219,7 +155,7 @@ def launch(
 
     store = dist.TCPStore("127.0.0.1", 0, nprocs, is_master=True, wait_for_workers=False)
     port = store.port
-    run_dir = tempfile.mkdtemp(prefix="shardlab-launch-")
+    run_dir = _scratch.make_run_dir()  # shardlab-launch-<pid>-*: swept once we are gone
     launch_id = uuid.uuid4().hex
     procs: list[subprocess.Popen] = []
     outputs: list[str] = []
@@ -240,7 +176,7 @@ def launch(
         old_pp = os.environ.get("PYTHONPATH")
         if old_pp:
             path_parts.append(old_pp)
-        threads = max(1, _cores() // nprocs)
+        threads = threads_per_rank(nprocs)
         warm = _zygote.usable(backend, env)
         progress_files = [os.path.join(run_dir, f"rank{r}.progress") for r in range(nprocs)]
         for r in range(nprocs):
@@ -292,7 +228,12 @@ def launch(
                 )
             finally:
                 out.close()
-        return _supervise(procs, run_dir, nprocs, timeout, progress, quiet, outputs, progress_files)
+        hang = None
+        if hang_timeout is not None and backend == "gloo":
+            hang = HangWatch(run_dir, nprocs, min(3.0, hang_timeout / 3), hang_timeout)
+        return _supervise(
+            procs, run_dir, nprocs, timeout, progress, quiet, outputs, progress_files, hang
+        )
     finally:
         _kill_tree(procs)
         del store

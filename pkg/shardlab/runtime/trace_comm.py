@@ -88,12 +88,12 @@ What it cannot see
 
 Overhead
     A dispatch mode sends *every* operator through Python, so the cost is per operator, not
-    per byte: on a tiny model (24 ms step, hundreds of small ops) a traced step took about
-    3x as long; on a medium one (d_model=256, seq 128, 0.43 s step) about 1.2x. See
-    ``OVERHEAD``. Trace a few steps, not a whole training run. The wire counters add one
-    socket snapshot per phase change and two per blocking collective (50-250 us each with
-    four ranks on the shared 2-core machine), and the trace waits for a blocking collective
-    inside the call, which the caller would do next anyway.
+    per byte: a step of hundreds of small operators slows down several times, one of large
+    operators by a fifth; ``OVERHEAD`` holds the ratio for a tiny and a medium GPT step.
+    Trace a few steps, not a whole training run. The wire counters add one socket snapshot
+    per phase change and two per blocking collective (each 50-250 us with four ranks on two
+    cores), and the trace waits for a blocking collective inside the call, which the caller
+    would do next anyway.
 
 The operator tables and the rule that turns one call into a :class:`CommRecord` (sent bytes
 included) are in :mod:`shardlab.runtime._comm_ops`; this module holds the dispatch mode and the
@@ -119,8 +119,8 @@ __all__ = ["CommTrace", "CommRecord", "phase", "OVERHEAD", "sent_table", "format
 OVERHEAD: dict[str, float] = {
     # median step time with the trace / without; 2 gloo ranks on a shared 2-core CPU machine,
     # one DDP training step (forward, backward, Adam) of shardlab.models.GPT, n_layer=2
-    "tiny d_model=64 seq_len=32 batch=8 (step ~24 ms)": 3.0,  # measured 2.7-3.8
-    "medium d_model=256 seq_len=128 batch=8 (step ~0.43 s)": 1.2,  # measured 1.18-1.21
+    "tiny d_model=64 seq_len=32 batch=8 (step ~24 ms)": 3.0,  # 2.7-3.8 over repeated runs
+    "medium d_model=256 seq_len=128 batch=8 (step ~0.43 s)": 1.2,  # 1.18-1.21
 }
 
 

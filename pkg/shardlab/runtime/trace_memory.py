@@ -61,9 +61,9 @@ Limits
     before building/wrapping the model when buffers made at wrap time must count from the start.
 
 Overhead
-    Per operator (a Python call and a storage lookup for every input and output): a tiny GPT
-    step (24 ms) took about 5x as long (4.6-10x, noisy on shared cores), a medium one
-    (d_model=256, seq 128, 0.43 s) about 1.0x. See ``OVERHEAD``.
+    Per operator (a Python call and a storage lookup for every input and output), so a step
+    of many small operators slows down most and one of large operators hardly at all:
+    ``OVERHEAD`` holds the ratio for a tiny and a medium GPT step.
 """
 
 from __future__ import annotations
@@ -83,12 +83,12 @@ from shardlab.runtime._phase import PhaseLabels, phase
 
 __all__ = ["MemoryTrace", "MemoryTimeline", "CATEGORIES", "phase", "OVERHEAD"]
 
-# time(step with traces) / time(step without); filled in from measure_overhead() on the
-# development machine (see the report in the module docstring of shardlab.runtime).
+# Median step time with the trace over the time without, per model, in the setup of
+# trace_comm.OVERHEAD (2 gloo ranks on a shared 2-core CPU, one DDP step of
+# shardlab.models.GPT with n_layer=2); the comment is the range over repeated runs.
 OVERHEAD: dict[str, float] = {
-    # median step time with the trace / without; same setup as trace_comm.OVERHEAD
-    "tiny d_model=64 seq_len=32 batch=8 (step ~24 ms)": 5.0,  # measured 4.6-10 (noisy)
-    "medium d_model=256 seq_len=128 batch=8 (step ~0.43 s)": 1.0,  # measured 0.98-1.00
+    "tiny d_model=64 seq_len=32 batch=8 (step ~24 ms)": 5.0,  # 4.6-10: load on shared cores
+    "medium d_model=256 seq_len=128 batch=8 (step ~0.43 s)": 1.0,  # 0.98-1.00
 }
 
 

@@ -160,7 +160,7 @@ def _written(fd: int) -> int | None:
 
 def snapshot() -> dict[int, int] | None:
     """inode -> bytes written, for every TCP socket of this process (None: not Linux)."""
-    if not sys.platform.startswith("linux"):
+    if not available():
         return None
     out = {}
     for fd, inode in _socket_inodes().items():
@@ -184,7 +184,12 @@ def socket_bytes_written() -> int | None:
 
 
 def available() -> bool:
-    """True where :func:`snapshot` works (Linux with ``TCP_INFO``)."""
+    """True where :func:`snapshot` works (Linux with ``TCP_INFO``).
+
+    ``SHARDLAB_WIRE=0`` answers as off Linux (macOS, Windows), so the tests exercise the
+    "not measurable" path a student there gets, on a Linux machine."""
+    if os.environ.get("SHARDLAB_WIRE") == "0":
+        return False
     return sys.platform.startswith("linux") and hasattr(socket, "TCP_INFO")
 
 
@@ -195,7 +200,10 @@ def not_measurable_reason(backend: str | None = None, device_type: str = "cpu") 
     ``"cpu:gloo,cuda:nccl"``); ``device_type``: where the communicated tensors live.
     """
     if not available():
-        return f"{NOT_MEASURABLE}: needs Linux /proc and TCP_INFO (this is {sys.platform})"
+        where = "turned off by SHARDLAB_WIRE=0" if os.environ.get("SHARDLAB_WIRE") == "0" else (
+            f"this is {sys.platform}"
+        )
+        return f"{NOT_MEASURABLE}: needs Linux /proc and TCP_INFO ({where})"
     if device_type != "cpu" or (backend is not None and "gloo" not in str(backend)):
         return (
             f"{NOT_MEASURABLE}: {backend or device_type} moves {device_type} tensors over "

@@ -14,8 +14,6 @@ collective.
 
 from __future__ import annotations
 
-import time
-
 __all__ = ["collective_wire", "time_collectives", "OPS"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
@@ -78,6 +76,7 @@ def time_collectives(
     import torch.distributed as dist
 
     from shardlab.runtime import device
+    from shardlab.testing import interleaved_times
 
     dev = device()
     d = dist.get_world_size()
@@ -87,15 +86,6 @@ def time_collectives(
         medians = []
         for nbytes in sizes:
             call = _calls(nbytes // 4 // d * d, d, dev)[op]
-            times = []
-            for i in range(warmup + reps):
-                dist.barrier()
-                sync()
-                t0 = time.perf_counter()
-                call()
-                sync()
-                if i >= warmup:
-                    times.append(time.perf_counter() - t0)
-            medians.append(min(times))
+            medians.append(min(interleaved_times({op: call}, reps, warmup, sync)[op]))
         out[op] = medians
     return out

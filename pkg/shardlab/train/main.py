@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import threading
 
 from shardlab.train.spec import CPU_PEAK_TFLOPS, CUDA_PEAK_TFLOPS, TrainSpec
@@ -46,27 +45,60 @@ def _print(summary: dict, as_json: bool) -> None:
     sys.stdout.flush()
 
 
+def _say_traces(spec: TrainSpec, rows: list[dict]) -> None:
+    """One line naming the profiler traces (``--profile``), on stderr beside the progress."""
+    paths = [r["profile_trace"] for r in rows if r and r.get("profile_trace")]
+    if spec.profile is not None:
+        print(f"shardlab train: {len(paths)} profiler trace(s) in {spec.profile} (open them at "
+              "https://ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
+
+
+def _stop_on_sigterm() -> None:
+    """Turn SIGTERM into an ordinary exit, so the launcher's cleanup (stop the ranks, remove
+    the scratch files) runs as it does on Ctrl-C."""
+    import signal
+
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit)
+
+
 def run(spec: TrainSpec, as_json: bool = False, timeout: float = 900.0) -> int:
-    """Run ``spec`` and print the report; returns the exit status."""
+    """Run ``spec`` and print the report; returns the exit status.
+
+    Ctrl-C stops the ranks and prints one sentence (status 130); a timeout prints the stacks
+    every rank was in; a rank's failure prints its traceback.
+    """
     if under_torchrun():
         return _run_torchrun(spec, as_json)
-    from shardlab.runtime import LaunchError, launch
+    from shardlab.runtime import LaunchError, LaunchTimeout, launch
+    from shardlab.runtime._scratch import make_progress_file
     from shardlab.train.progress import follow
     from shardlab.train.report import summarize
 
-    fd, path = tempfile.mkstemp(prefix="shardlab-train-", suffix=".progress")
-    os.close(fd)
+    _stop_on_sigterm()
+    path = make_progress_file()  # shardlab-train-<pid>-*.progress: swept once we are gone
     stop = threading.Event()
     drawer = threading.Thread(target=follow, args=(path, stop), daemon=True)
     drawer.start()
     try:
         rows = launch("shardlab.train.rank:run_rank", spec.ranks, spec, path, quiet=True,
-                      timeout=timeout)  # fmt: skip
+                      timeout=timeout)
+    except KeyboardInterrupt:
+        stop.set()
+        drawer.join()
+        print("\nshardlab train: interrupted (Ctrl-C); every rank was stopped.", file=sys.stderr)
+        return 130
     except LaunchError as exc:
         stop.set()
         drawer.join()
+        lines = str(exc).splitlines()
+        # a timeout's message is the sentence and then every rank's stack; keep them all
+        shown = lines if isinstance(exc, LaunchTimeout) else lines[:1]
+        print(f"shardlab train: {chr(10).join(shown)}", file=sys.stderr)
         tb = getattr(exc, "remote_traceback", "") or ""
-        print(f"shardlab train: {str(exc).splitlines()[0]}", file=sys.stderr)
         if tb:
             print(tb.rstrip(), file=sys.stderr)
         return 1
@@ -77,6 +109,7 @@ def run(spec: TrainSpec, as_json: bool = False, timeout: float = 900.0) -> int:
     how = "shardlab.runtime.launch"
     peak, source = _peak(spec, rows[0]["device"])
     _print(summarize(spec, rows, peak, how, source), as_json)
+    _say_traces(spec, rows)
     return 0
 
 
@@ -97,6 +130,7 @@ def _run_torchrun(spec: TrainSpec, as_json: bool) -> int:
             how = f"torchrun ({os.environ.get('LOCAL_WORLD_SIZE', '?')} per node)"
             peak, source = _peak(spec, rows[0]["device"])
             _print(summarize(spec, rows, peak, how, source), as_json)
+            _say_traces(spec, rows)
     finally:
         dist.destroy_process_group()
     return 0

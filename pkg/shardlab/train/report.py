@@ -16,18 +16,10 @@ predicted) step time. The peak FLOP/s is an assumption, printed with the results
 from __future__ import annotations
 
 import statistics
+from dataclasses import asdict
 
 from shardlab.accounting import compute
 from shardlab.accounting import pipeline as pacc
-
-
-def model_shape(spec) -> compute.ModelShape:
-    """The run's model as the compute model sees it (GPT-style: GeLU MLP, LayerNorm)."""
-    m = spec.shape
-    return compute.ModelShape(
-        layers=m["layers"], hidden=m["h"], heads=m["heads"], kv_heads=m["heads"], ffn=m["ffn"],
-        vocab=m["vocab"], seq_len=m["seq"], gated=False, norm="layernorm",
-    )  # fmt: skip
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -36,7 +28,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def summarize(spec, rows: list[dict], peak_tflops: float, how: str, peak_source: str = "") -> dict:
     """The JSON-able report of a run from every rank's row (:func:`shardlab.train.rank.run_rank`)."""
-    shape = model_shape(spec)
+    shape = spec.shape  # an accounting.compute.ModelShape
     tokens = spec.batch * shape.seq_len
     flops = tokens * shape.flops_per_token("step")  # model FLOPs of one step, all ranks
     g, peak = spec.ranks, peak_tflops * 1e12
@@ -69,9 +61,9 @@ def summarize(spec, rows: list[dict], peak_tflops: float, how: str, peak_source:
                     "predicted": compute.mfu(flops, t_pred, g, peak)},
             "params_held": r["params_held"], "device": r["device"], "threads": r["threads"],
             "step_times_s": times, "losses": r["losses"],
-        })  # fmt: skip
+        })
     return {
-        "layout": spec.layout, "model": spec.model, "shape": spec.shape, "ranks": g,
+        "layout": spec.layout, "model": spec.model, "shape": asdict(shape), "ranks": g,
         "dp": spec.dp, "tp": spec.tp, "microbatches": spec.microbatches,
         "schedule": spec.schedule if spec.layout == "pp" else None,
         "steps": spec.steps, "batch": spec.batch, "tokens_per_step": tokens,
@@ -82,7 +74,7 @@ def summarize(spec, rows: list[dict], peak_tflops: float, how: str, peak_source:
                         "efficiency": spec.efficiency,
                         "beta_gbps": spec.beta_gbps},
         "rows": out_rows,
-    }  # fmt: skip
+    }
 
 
 def _mb(x: float) -> str:
@@ -95,11 +87,12 @@ def _r(x: float | None) -> str:
 
 def format_text(s: dict) -> str:
     """The report as aligned text (what ``shardlab train`` prints without ``--json``)."""
-    a = s["assumptions"]
+    a, m = s["assumptions"], s["shape"]
     mods = ", ".join(s["modules"].values())
     lines = [
         f"shardlab train: layout {s['layout']} on {s['ranks']} ranks ({s['backend']}, "
-        f"{s['started_by']}), model {s['model']} {s['shape']}",
+        f"{s['started_by']}), model {s['model']} (layers={m['layers']}, hidden={m['hidden']}, "
+        f"heads={m['heads']}, ffn={m['ffn']}, vocab={m['vocab']}, seq_len={m['seq_len']})",
         f"  N_mm = {s['matmul_params']:,} weights in matrix multiplies; model FLOPs per step "
         f"{s['model_flops_per_step']:.4g} (accounting.compute: 6 N_mm + 12 L s h per token)",
         f"  {s['steps']} steps of {s['batch']} sequences = {s['tokens_per_step']:,} tokens; "
@@ -131,8 +124,8 @@ def format_text(s: dict) -> str:
                 else ""
             )
             lines.append(f"{head} {axis:>4} {b['measured']:12,.0f} {b['predicted']:12,.0f} "
-                         f"{_r(b['ratio'])}{tail}")  # fmt: skip
+                         f"{_r(b['ratio'])}{tail}")
     src = s["rows"][0]["peak"]["source"]
     lines.append(f"peak measured by {src}; predicted by shardlab.accounting.peak "
-                 "(stage_peak for pp; saved activations measured, every other term a formula)")  # fmt: skip
+                 "(stage_peak for pp; saved activations measured, every other term a formula)")
     return "\n".join(lines) + "\n"

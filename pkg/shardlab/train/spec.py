@@ -1,5 +1,9 @@
 """What ``shardlab train`` runs: the model shapes, the layouts and the modules that implement them.
 
+:data:`LAYOUTS` is read from the labs' ``train.toml`` files (:func:`read_layouts`): each lab
+that ``shardlab train`` runs declares there, in a ``[train.<layout>]`` table, the module and
+class of its runner and the files it loads, so no lab is named here.
+
 :class:`TrainSpec` holds every choice of one run and checks it in ``__post_init__``, before any
 rank starts: an unknown layout or model, a batch that does not divide over the data-parallel
 ranks, a tensor-parallel degree that does not divide the heads, more pipeline stages than
@@ -16,59 +20,88 @@ from __future__ import annotations
 
 import ast
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-# Model shapes (fp32 everywhere). The same numbers build shardlab.models.GPT (ddp, zero1,
-# zero2, fsdp, pp) and lab 06's SerialGPT (tp, fsdp+tp), without dropout.
-MODELS: dict[str, dict[str, int]] = {
-    "tiny": dict(vocab=64, seq=16, h=32, heads=4, ffn=128, layers=2),
-    "small": dict(vocab=512, seq=128, h=256, heads=8, ffn=1024, layers=4),
+from shardlab.accounting.compute import ModelShape
+
+# Model shapes (fp32 everywhere, GPT-style: GeLU MLP, full multi-head attention, LayerNorm, no
+# dropout). The same shape builds shardlab.models.GPT (ddp, zero1, zero2, fsdp, pp:
+# GPTConfig.from_shape) and lab 06's SerialGPT (tp, fsdp+tp: ModelConfig.from_shape), and is
+# what the report's FLOPs come from.
+_GPT = dict(gated=False, norm="layernorm")
+MODELS: dict[str, ModelShape] = {
+    "tiny": ModelShape(layers=2, hidden=32, heads=4, kv_heads=4, ffn=128, vocab=64, seq_len=16,
+                       **_GPT),
+    "small": ModelShape(layers=4, hidden=256, heads=8, kv_heads=8, ffn=1024, vocab=512,
+                        seq_len=128, **_GPT),
 }
 
 
 @dataclass(frozen=True)
 class Layout:
-    """A layout: its lab folder, the module files it imports (file -> names it calls), the
-    mesh axis its communication runs on, and the default number of ranks."""
+    """A layout, as its lab's ``train.toml`` declares it in ``[train.<name>]``.
+
+    ``lab``: the lab folder. ``runner``: ``(file, class)`` of the lab's
+    :class:`~shardlab.train.runner.Runner`. ``files``: the modules a student may replace
+    (file -> names the layout calls; the first is the one ``--module FILE`` replaces).
+    ``load``: every module the runner imports, as paths relative to the lab folder, in the
+    order the rank loads them (each after those it imports; ``../NN_topic/x.py`` for an
+    earlier lab's). ``axes``: the mesh axes its communication runs on."""
 
     lab: str
+    runner: tuple[str, str]
     files: dict[str, tuple[str, ...]]
+    load: tuple[str, ...]
     axes: tuple[str, ...]
     default_ranks: int = 2
 
 
-LAYOUTS: dict[str, Layout] = {
-    "ddp": Layout("02_ddp", {"ddp.py": ("DDP",)}, ("dp",)),
-    "zero1": Layout("03_zero", {"zero1.py": ("ShardedOptimizer",)}, ("dp",)),
-    "zero2": Layout("03_zero", {"zero2.py": ("ZeRO2",)}, ("dp",)),
-    "fsdp": Layout(
-        "04_fsdp", {"fsdp.py": ("FSDP", "FSDPConfig"), "fsdp_units.py": ("FlatParam",)}, ("dp",)
-    ),
-    "tp": Layout(
-        "06_tensor",
-        {
-            "tensor.py": ("TPGroups",),
-            "tensor_block.py": ("ParallelGPT", "TPConfig", "sync_sequence_parallel_grads"),
-            "tensor_reference.py": ("ModelConfig", "SerialGPT"),
-        },
-        ("tp",),
-    ),
-    "pp": Layout(
-        "05_pipeline",
-        {"pipeline.py": ("PipeConfig", "PipelineExecutor", "split_stages", "microbatch_loss")},
-        ("pp",),
-    ),
-    "fsdp+tp": Layout(
-        "09_combined",
-        {"combined.py": ("build_axis_groups", "fsdp_tp_model", "fsdp_tp_backward")},
-        ("dp", "tp"),
-        default_ranks=4,
-    ),
-}
-# the earlier labs lab 09 composes (its _labs_path puts them on sys.path as well)
-EXTRA_LABS = {"fsdp+tp": ("04_fsdp", "05_pipeline", "06_tensor")}
+def _layout(toml: Path, name: str, t: dict) -> Layout:
+    """One ``[train.<name>]`` table, checked: a malformed one is a sentence naming the file."""
+    try:
+        file, cls = t["runner"].split(":")
+        files = {f: tuple(names) for f, names in t["files"].items()}
+        lay = Layout(toml.parent.name, (file, cls), files, tuple(t["load"]),
+                     tuple(t["axes"]), int(t.get("default_ranks", 2)))
+    except (KeyError, AttributeError, TypeError, ValueError) as exc:
+        raise ValueError(
+            f"{toml}: [train.{name}] needs runner = \"file.py:Class\", load = [files], "
+            f"axes = [axes] and a [train.{name}.files] table ({exc!r})."
+        ) from None
+    return lay
+
+
+def read_layouts(labs: Path) -> dict[str, Layout]:
+    """The registry: every ``[train.<layout>]`` table of ``labs/*/train.toml``, in lab order."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    out: dict[str, Layout] = {}
+    for toml in sorted(labs.glob("[0-9][0-9]_*/train.toml")):
+        table = tomllib.loads(toml.read_text()).get("train", {})
+        for name, t in table.items():
+            out[name] = _layout(toml, name, t)
+    return out
+
+
+def _default_labs() -> Path:
+    """The labs folder next to the package (a checkout or a student kit), else above the
+    current directory."""
+    pkg = Path(__file__).resolve().parents[3] / "labs"
+    if pkg.is_dir():
+        return pkg
+    here = Path.cwd().resolve()
+    return next((f / "labs" for f in (here, *here.parents) if (f / "labs").is_dir()), pkg)
+
+
+LAYOUTS: dict[str, Layout] = read_layouts(_default_labs())
 SCHEDULES = ("gpipe", "1f1b")
+# Refused before any rank starts (past them a rank fails allocating, or torch refuses):
+MAX_SEQ = 65_536  # tokens: the models hold a position-embedding row per token
+MAX_TOKENS = 2**24  # batch x seq per step: 16,777,216 tokens, far past these small models
 CPU_PEAK_TFLOPS = 0.1  # one core, fp32: 8-wide FMA (16 FLOP/cycle) x 2 units x ~3 GHz
 CUDA_PEAK_TFLOPS = 60.0  # fp32 without tensor cores, H100/H200 class (SXM: 67)
 
@@ -92,7 +125,7 @@ class TrainSpec:
     seq: int | None = None
     tp: int | None = None
     microbatches: int | None = None
-    schedule: str = "1f1b"
+    schedule: str | None = None  # pp only (default 1f1b)
     bucket_mb: float = 25.0
     threads: int | None = None
     peak_tflops: float | None = None
@@ -101,6 +134,7 @@ class TrainSpec:
     modules: dict[str, str] = field(default_factory=dict)  # file name -> path on disk
     module_source: str = "reference"
     labs_dir: str = ""  # the labs/ folder: the layout's lab (and lab 09's earlier labs)
+    profile: str | None = None  # folder for torch.profiler traces (shardlab.runtime.profile)
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -116,11 +150,11 @@ class TrainSpec:
                 f"steps={self.steps}: step 0 is traced for bytes and step 1 for memory, so "
                 "train needs at least 2 steps."
             )
-        _pos("batch", self.batch)
-        if self.seq is not None:
-            _pos("seq", self.seq)
-        if self.threads is not None:
-            _pos("threads", self.threads)
+        self._check_sizes()
+        if self.profile is not None:  # steps 0 and 1 stay unprofiled: they trace bytes, memory
+            from shardlab.runtime.profile import check_profile_dir
+
+            object.__setattr__(self, "profile", check_profile_dir(self.profile, self.steps, 2))
         for name in ("bucket_mb", "efficiency", "beta_gbps"):
             x = getattr(self, name)
             if not isinstance(x, int | float) or isinstance(x, bool) or not x > 0:
@@ -146,8 +180,8 @@ class TrainSpec:
         else:
             object.__setattr__(self, "tp", g if self.layout == "tp" else 1)
         t = self.tp
-        for what, n in (("heads", m["heads"]), ("hidden width h", m["h"]),
-                        ("MLP width ffn", m["ffn"]), ("vocabulary", m["vocab"])):  # fmt: skip
+        for what, n in (("heads", m.heads), ("hidden width h", m.hidden),
+                        ("MLP width ffn", m.ffn), ("vocabulary", m.vocab)):
             if n % t:
                 raise ValueError(
                     f"{what}={n} of model {self.model!r} is not divisible by the "
@@ -160,13 +194,31 @@ class TrainSpec:
                 f"of layout {self.layout} (ranks={g}); use a multiple of {d}."
             )
         if self.layout == "pp":
-            self._check_pipeline(g, m["layers"])
+            self._check_pipeline(g, m.layers)
         elif self.microbatches not in (None, 1):
             raise ValueError(f"microbatches={self.microbatches} applies to layout pp only.")
+
+    def _check_sizes(self) -> None:
+        _pos("batch", self.batch)
+        if self.seq is not None and _pos("seq", self.seq) > MAX_SEQ:
+            raise ValueError(f"seq={self.seq:,} tokens is more than the {MAX_SEQ:,} train allows.")
+        tokens = self.batch * self.shape.seq_len
+        if tokens > MAX_TOKENS:
+            raise ValueError(
+                f"batch={self.batch:,} x seq={self.shape.seq_len:,} = {tokens:,} tokens per step "
+                f"is more than the {MAX_TOKENS:,} train allows."
+            )
+        cores = os.cpu_count() or 1
+        if self.threads is not None and _pos("threads", self.threads) > cores:
+            raise ValueError(f"threads={self.threads:,} is more than the {cores} cores here.")
+        if self.layout != "pp" and self.schedule is not None:
+            raise ValueError(f"schedule={self.schedule!r} applies to layout pp only.")
 
     def _check_pipeline(self, p: int, layers: int) -> None:
         from shardlab.accounting import pipeline as pacc
 
+        if self.schedule is None:
+            object.__setattr__(self, "schedule", "1f1b")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}.")
         mb = _pos("microbatches", p if self.microbatches is None else self.microbatches)
@@ -181,12 +233,10 @@ class TrainSpec:
         pacc.check_pipeline(self.schedule, p, mb, 1, layers)
 
     @property
-    def shape(self) -> dict[str, int]:
-        """The model's sizes, with ``seq`` overridden by ``--seq``."""
-        m = dict(MODELS[self.model])
-        if self.seq is not None:
-            m["seq"] = self.seq
-        return m
+    def shape(self) -> ModelShape:
+        """The model's shape, with ``seq_len`` overridden by ``--seq``."""
+        m = MODELS[self.model]
+        return m if self.seq is None else replace(m, seq_len=self.seq)
 
     @property
     def dp(self) -> int:

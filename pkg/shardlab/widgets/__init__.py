@@ -25,8 +25,10 @@ from .comm import (
 )
 from .memory import memory_calculator, memory_report, render_memory
 from .mesh import mesh_calculator, mesh_report, render_mesh
+from .overlap import overlap_calculator, overlap_report, render_overlap
 from .pipeline import pipeline_calculator, pipeline_report, render_pipeline
 from .planner import planner_calculator, planner_report, render_planner
+from .roofline import render_roofline, roofline_calculator, roofline_report
 
 __all__ = [
     "activations_calculator",
@@ -38,16 +40,22 @@ __all__ = [
     "memory_report",
     "mesh_calculator",
     "mesh_report",
+    "overlap_calculator",
+    "overlap_report",
     "pipeline_calculator",
     "planner_calculator",
     "planner_report",
+    "roofline_calculator",
+    "roofline_report",
     "pipeline_report",
     "render_activations",
     "render_comm",
     "render_memory",
     "render_mesh",
+    "render_overlap",
     "render_pipeline",
     "render_planner",
+    "render_roofline",
     "render_step_volume",
     "set_machine_preset",
     "step_report",

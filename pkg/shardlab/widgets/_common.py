@@ -148,8 +148,11 @@ _CELL = "padding:2px 10px;border-bottom:1px solid #ddd;"
 
 def html_table(table: Table) -> str:
     numeric = _numeric_columns(table)
-    # The scrolling wrapper keeps wide tables readable inside a narrow book column.
-    out = ['<div style="overflow-x:auto;max-width:100%">']
+    # The scrolling wrapper keeps wide tables readable inside a narrow book column; a region
+    # that scrolls must be reachable by keyboard (axe: scrollable-region-focusable).
+    label = html.escape(table.title or "table", quote=True)
+    out = [f'<div style="overflow-x:auto;max-width:100%" tabindex="0" role="region" '
+           f'aria-label="{label}">']
     out.append(f'<table class="shardlab-table" style="{_TABLE_STYLE}">')
     if table.title:
         out.append(
@@ -179,7 +182,8 @@ def html_report(report: Report) -> str:
     """Tables, notes and chart as one self-contained HTML fragment (no scripts, no CSS files)."""
     parts = [
         '<div class="shardlab-report" style="font-family:sans-serif;max-width:100%;'
-        'white-space:normal;overflow-x:auto">'
+        'white-space:normal;overflow-x:auto" tabindex="0" role="region" '
+        'aria-label="calculator result">'
     ]
     parts.append(f'<div style="font-weight:bold;margin:4px 0">{html.escape(report.title)}</div>')
     if report.chart_svg:
@@ -224,6 +228,7 @@ def build_calculator(
     render: Callable[..., str],
     convert: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     rows: Sequence[Sequence[str]] | None = None,
+    aliases: dict[str, str] | None = None,
 ):
     """A VBox of ``controls`` above an HTML area showing ``render(**values)``.
 
@@ -232,9 +237,19 @@ def build_calculator(
     box has ``.controls`` (name -> widget), ``.output`` (the HTML widget) and ``.update()``
     (re-render now; returns the HTML). The initial render happens here, so the default
     table/chart is in the widget state before any kernel callback runs.
+
+    Number inputs become :class:`~._fields.NumberField` text boxes (``1e9`` is accepted
+    everywhere; a field that does not hold a number is refused naming its label), and an
+    error sentence names each field by its label: ``aliases`` maps the internal argument
+    names a message may use (``group_size``) to a control name (``ranks``).
     """
     import ipywidgets as w
 
+    from ._fields import NumberField, as_number_fields, name_fields, read_number
+
+    as_number_fields(controls)
+    labels = {n: c.description for n, c in controls.items() if getattr(c, "description", "")}
+    labels.update({a: labels[n] for a, n in (aliases or {}).items() if n in labels})
     for c in controls.values():
         if hasattr(c, "style") and hasattr(c.style, "description_width"):
             c.style.description_width = "initial"
@@ -246,7 +261,8 @@ def build_calculator(
     ]
     # width 100% + min_width 0 let the flex box shrink to the page column; wide tables then
     # scroll inside the calculator instead of being cut off at the column's edge.
-    output = w.HTML(layout=w.Layout(width="100%", min_width="0", overflow="auto"))
+    # (the HTML inside scrolls, in regions a keyboard can reach; this box itself does not)
+    output = w.HTML(layout=w.Layout(width="100%", min_width="0"))
     box = w.VBox(
         [w.HTML(f"<b>{html.escape(title)}</b>"), *row_boxes, output],
         layout=w.Layout(border="1px solid #ddd", padding="6px", max_width="100%"),
@@ -254,11 +270,14 @@ def build_calculator(
 
     def update(*_: Any) -> str:
         try:
-            values = {name: c.value for name, c in controls.items()}
+            values = {
+                name: read_number(c.description, c) if isinstance(c, NumberField) else c.value
+                for name, c in controls.items()
+            }
             kwargs = convert(values) if convert else values
             value = render(**kwargs)
         except Exception as exc:  # a widget must never show a traceback
-            value = error_html(error_message(exc))
+            value = error_html(name_fields(error_message(exc), labels))
         output.value = value
         return value
 

@@ -35,7 +35,11 @@ def parse_number(name: str, value: Any) -> int | float:
 
 
 def fmt_int(x: float) -> str:
-    """Bytes or counts with thousands separators; non-integers keep one decimal."""
+    """Bytes or counts with thousands separators; non-integers keep one decimal. A float from
+    2^53 on holds only about 16 significant digits: it is shown in scientific notation rather
+    than with digits it does not have."""
+    if isinstance(x, float) and abs(x) >= 2**53:
+        return f"{x:.6e}" if math.isfinite(x) else str(x)
     if float(x).is_integer():
         return f"{int(x):,}"
     return f"{x:,.1f}"

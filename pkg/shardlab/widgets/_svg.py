@@ -31,16 +31,18 @@ def _esc(s: Any) -> str:
 
 
 def nice_ticks(vmax: float, n: int = 5) -> list[float]:
-    """Round tick values from 0 to at least ``vmax``."""
+    """Round tick values from 0 to at least ``vmax``: about ``n`` + 1 of them, whatever the
+    magnitude (each tick is ``k * step`` rounded to the step's significant digits, so a step
+    of 1e-13 or 1e300 neither vanishes nor accumulates rounding)."""
     if vmax <= 0 or not math.isfinite(vmax):
         return [0.0, 1.0]
     raw = vmax / n
-    mag = 10 ** math.floor(math.log10(raw))
+    if raw <= 0 or not math.isfinite(raw):  # a subnormal vmax
+        return [0.0, vmax]
+    mag = 10.0 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    ticks = [0.0]
-    while ticks[-1] < vmax * (1 - 1e-12):
-        ticks.append(round(ticks[-1] + step, 12))
-    return ticks
+    count = math.ceil(vmax * (1 - 1e-12) / step)
+    return [float(f"{k * step:.12g}") for k in range(min(count, 2 * n + 2) + 1)]
 
 
 def _svg_open(width: int, height: int, label: str) -> str:
@@ -170,8 +172,8 @@ def svg_loglog(
     left, right, top, bottom = 70, 120, 24, 40
     pw, ph = width - left - right, height - top - bottom
     pts = [p for _, c in curves for p in c if p[0] > 0 and p[1] > 0]
-    if not pts:
-        return ""
+    if not pts or not all(math.isfinite(v) for p in pts for v in p):
+        return ""  # nothing to draw on a log scale (an infinite point has no place on it)
     x0, x1 = math.log10(min(p[0] for p in pts)), math.log10(max(p[0] for p in pts))
     y0, y1 = math.log10(min(p[1] for p in pts)), math.log10(max(p[1] for p in pts))
     x1 = x1 if x1 > x0 else x0 + 1

@@ -101,4 +101,5 @@ def activations_calculator(
         controls,
         render_activations,
         rows=[["s", "b", "h"], ["a", "t", "layers"]],
+        aliases={"L": "layers"},
     )

@@ -251,6 +251,10 @@ def comm_calculator(
     def convert(vals: dict[str, Any]) -> dict[str, Any]:
         vals = dict(vals)
         vals.pop("preset")
+        for key in ("alpha_us", "beta_gbps"):  # checked here so the sentence has the field's unit
+            if vals[key] < 0 or (key == "beta_gbps" and vals[key] == 0):
+                limit = "> 0" if key == "beta_gbps" else ">= 0"
+                raise ValueError(f"{key}={vals[key]:g} must be {limit}")
         return vals
 
     box = build_calculator(
@@ -259,6 +263,7 @@ def comm_calculator(
         render_comm,
         convert,
         rows=[["op", "nbytes", "ranks", "algo"], ["preset", "alpha_us", "beta_gbps"]],
+        aliases={"group_size": "ranks", "size (bytes)": "nbytes"},
     )
 
     def apply_preset(change: Any) -> None:

@@ -27,8 +27,10 @@ from .activations import activations_calculator
 from .comm import comm_calculator
 from .memory import memory_calculator
 from .mesh import mesh_calculator
+from .overlap import overlap_calculator
 from .pipeline import pipeline_calculator
 from .planner import planner_calculator
+from .roofline import roofline_calculator
 
 # Title shown in bold at the top of each calculator -> the function that builds it.
 # tests/test_live_rebuild.py checks that each factory still shows this title.
@@ -39,6 +41,8 @@ CALCULATORS: dict[str, Callable[..., Any]] = {
     "Pipeline schedule and bubble": pipeline_calculator,
     "Device mesh": mesh_calculator,
     "Layout planner": planner_calculator,
+    "Roofline of one matrix product": roofline_calculator,
+    "Compute versus communication": overlap_calculator,
 }
 _SELECTION = ("_options_labels", "index")
 _live: dict[str, Any] = {}  # stored view model id -> rebuilt calculator (keeps them alive)

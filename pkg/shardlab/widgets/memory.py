@@ -178,6 +178,7 @@ def memory_calculator(
         render_memory,
         convert,
         rows=[["n_params", "dp", "recipe", "layout"], list(acc.OBJECTS)],
+        aliases={"N": "n_params", "D": "dp", **{f"{o} bytes/param": o for o in acc.OBJECTS}},
     )
     custom_row = box.children[2]
 

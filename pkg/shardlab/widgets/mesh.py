@@ -3,19 +3,39 @@
 All ranks, coordinates and groups come from :class:`shardlab.accounting.mesh.Mesh` and
 :func:`shardlab.accounting.mesh.moe_fold`. Listing every group costs O(G) per axis, so the
 full per-axis listing is shown for small meshes only (``G <= FULL_LISTING_MAX``); larger
-meshes show the first group and the looked-up rank's group on each axis.
+meshes show the first group and the looked-up rank's group on each axis, each described by
+its first and last ranks (:func:`axis_group`), so any G answers at once.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from shardlab.accounting import _validate as chk
 from shardlab.accounting import mesh as acc
 
 from ._common import Report, Table, build_calculator, html_report, parse_number
 
 FULL_LISTING_MAX = 64  # list every group of every axis up to this many ranks
 EXPERT_DETAIL_MAX = 1024  # expert coordinates/groups per rank up to this many ranks
+GROUP_JSON_MAX = 4096  # a group's ranks listed in the JSON up to this many
+
+
+def axis_group(mesh: acc.Mesh, rank: int, axis: str) -> range:
+    """``rank``'s group along one axis as a ``range`` (equal to ``mesh.group_of(rank, axis)``):
+    its members are evenly spaced by the product of the inner axes' degrees (tp innermost,
+    then cp, pp, dp), so a group of 10^9 ranks costs nothing to describe."""
+    stride = {"tp": 1, "cp": mesh.tp, "pp": mesh.tp * mesh.cp, "dp": mesh.tp * mesh.cp * mesh.pp}
+    c = mesh.rank_to_coords(rank).as_dict()
+    base = rank - c[axis] * stride[axis]
+    return range(base, base + stride[axis] * mesh.sizes[axis], stride[axis])
+
+
+def _ranks_data(ranks: range) -> list[int] | dict[str, int]:
+    """A group for ``--json``: its ranks up to GROUP_JSON_MAX of them, else first/step/count."""
+    if len(ranks) <= GROUP_JSON_MAX:
+        return list(ranks)
+    return {"first": ranks.start, "step": ranks.step, "count": len(ranks)}
 
 
 def ranks_str(ranks: list[int], limit: int = 16) -> str:
@@ -42,10 +62,10 @@ def mesh_report(
     ``dp=None`` means ``G / (tp·cp·pp)`` (must divide). ``ep`` enables MoE parallel folding
     with ``etp`` expert-tensor ranks.
     """
-    g = parse_number("G", G)
-    t = parse_number("tp", tp)
-    p = parse_number("pp", pp)
-    c = parse_number("cp", cp)
+    g = chk.positive_int("G", parse_number("G", G))  # 8.5 ranks: said as such, not "divide"
+    t = chk.positive_int("tp", parse_number("tp", tp))
+    p = chk.positive_int("pp", parse_number("pp", pp))
+    c = chk.positive_int("cp", parse_number("cp", cp))
     if dp is None or dp == "":
         other = t * p * c
         if not isinstance(g, int) or not isinstance(other, int) or other <= 0 or g % other:
@@ -62,17 +82,17 @@ def mesh_report(
         cols.append(f"rank {r}'s group")
     rows, data_axes = [], {}
     for a in acc.AXES:
-        first = mesh.group_of(0, a)
+        first = axis_group(mesh, 0, a)
         row = [a, mesh.sizes[a], mesh.G // mesh.sizes[a], ranks_str(first)]
         entry: dict[str, Any] = {
             "degree": mesh.sizes[a],
             "n_groups": mesh.G // mesh.sizes[a],
-            "first_group": first,
+            "first_group": _ranks_data(first),
         }
         if r is not None:
-            mine = mesh.group_of(r, a)
+            mine = axis_group(mesh, r, a)
             row.append(ranks_str(mine))
-            entry["rank_group"] = mine
+            entry["rank_group"] = _ranks_data(mine)
         rows.append(row)
         data_axes[a] = entry
     tables = [
@@ -124,7 +144,7 @@ def mesh_report(
         )
         tables.append(ftable)
         fdata: dict[str, Any] = {"ep": fold.ep, "etp": fold.etp, "edp": fold.edp}
-        if r is not None:  # O(group size) lookups, fine at any G
+        if r is not None and g <= EXPERT_DETAIL_MAX:  # O(G / pp) lookups
             ec = fold.expert_coords(r)
             fdata["expert_coords"] = ec
             egroups = {a: fold.group_of(r, a) for a in acc.EXPERT_AXES}

@@ -2,7 +2,8 @@
 
 Closed forms come from :mod:`shardlab.accounting.pipeline` (``bubble_ratio``,
 ``idle_fraction``, ``utilization``, ``bubble_time``); the schedule from
-``schedule(kind, p, m, v)`` and its timing from ``simulate``. Costs are in arbitrary time
+``schedule(kind, p, m, v)`` and its timing from ``simulate``; a bad ``(kind, p, m, v)`` gets
+``check_kind``'s sentence (``v > 1`` needs ``interleaved``). Costs are in arbitrary time
 units per microbatch for a whole rank's layers.
 """
 
@@ -25,6 +26,8 @@ from ._common import (
 )
 
 SCHEDULE_CHOICES = acc.KINDS
+# the (p-1)/(v m) family describes neither zero bubble nor the V schedules (simulated only)
+NOT_CLOSED_FORM = ("zb-h1", *acc.V_KINDS)
 # The simulator walks every action and the chart draws each one: beyond this many actions
 # (about 0.25 s of simulation and drawing on a 2-core machine) the report gives the closed
 # forms only, so every calculator update and CLI call answers within a second.
@@ -33,11 +36,6 @@ MAX_SIMULATED_ACTIONS = 20_000
 
 def _order(k: str) -> tuple[int, str]:
     return acc.ACTION_KINDS.index(k.split()[0]), k
-
-
-def resolve_kind(kind: str, v: int) -> str:
-    """``1f1b`` with ``v > 1`` chunks means interleaved 1F1B."""
-    return "interleaved" if kind == "1f1b" and isinstance(v, int) and v > 1 else kind
 
 
 def _closed_forms(kind, pp, mm, v_closed, cc):
@@ -69,11 +67,11 @@ def pipeline_report(
     vv = parse_number("v (chunks)", v)
     cc = {k: parse_number(f"cost {k}", x) for k, x in (costs or {}).items()}
     delay = parse_number("comm", comm)
-    kind = resolve_kind(kind, vv)
-    if kind not in acc.KINDS:
-        raise ValueError(f"schedule={kind!r} is not one of {', '.join(acc.KINDS)}")
+    # the accounting's one check, the sentence the lab's PipeConfig gives too (1f1b with v > 1
+    # is refused, not read as interleaved)
+    kind, pp, mm, vv = acc.check_kind(kind, pp, mm, vv)
     v_closed = vv if kind == "interleaved" else 1
-    n_actions = acc.schedule_size(kind, pp, mm, vv)  # validates like schedule() does
+    n_actions = acc.schedule_size(kind, pp, mm, vv)
     if n_actions > MAX_SIMULATED_ACTIONS:
         return _closed_form_report(kind, pp, mm, vv, v_closed, cc, delay, n_actions)
     sched = acc.schedule(kind, pp, mm, vv)
@@ -81,7 +79,7 @@ def pipeline_report(
     ratio, idle, util, btime = _closed_forms(kind, pp, mm, v_closed, cc)
 
     def closed(x: float) -> str:  # the (p-1)/(v m) family does not describe zero bubble
-        return "n/a" if kind == "zb-h1" else fmt_pct(x)
+        return "n/a" if kind in NOT_CLOSED_FORM else fmt_pct(x)
 
     sim_useful = sum(sim.busy_per_stage) / pp
     sim_idle = sum(sim.idle_per_stage) / pp
@@ -163,7 +161,7 @@ def _closed_form_report(
 ) -> Report:
     """The closed forms alone, for schedules too large to simulate interactively."""
     ratio, idle, util, btime = _closed_forms(kind, pp, mm, v_closed, cc)
-    na = "n/a" if kind == "zb-h1" else None
+    na = "n/a" if kind in NOT_CLOSED_FORM else None
     why = (
         f"Not simulated: this schedule has {n_actions:,} actions, more than the "
         f"{MAX_SIMULATED_ACTIONS:,} the calculator simulates (the simulator walks every action); "
@@ -256,4 +254,5 @@ def pipeline_calculator(
         render_pipeline,
         convert,
         rows=[["kind", "p", "m", "v"], ["F", "B", "BI", "BW", "comm"]],
+        aliases={f"costs['{k}']": k for k in acc.ACTION_KINDS} | {"schedule": "kind"},
     )

@@ -9,33 +9,26 @@ GPUs of 80 GB, the Llama 3 mesh marked.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from shardlab.accounting import compute as cmp
+from shardlab.accounting import gemm
 from shardlab.accounting import planner as acc
 
-from ._common import (
-    GB,
-    Report,
-    Table,
-    build_calculator,
-    fmt_pct,
-    html_report,
-    parse_number,
-    svg_stacked_bars,
+from ._common import GB, Report, build_calculator, html_report, parse_number, svg_stacked_bars
+from ._planner_parts import (
+    TIME_TERMS,
+    _clean,
+    _comm_table,
+    _examples,
+    _memory_table,
+    _ranking_table,
+    _rejected_table,
+    _whole,
+    parse_mark,
+    parse_recipe_bytes,
 )
 
-MEMORY_TERMS = (
-    ("persistent", "state"),
-    ("gathered_params", "gathered"),
-    ("unsharded_grads", "grads"),
-    ("activations", "activations"),
-    ("recompute_scratch", "recompute scratch"),
-    ("backward_workspace", "logits workspace"),
-)
-TIME_TERMS = ("compute", "recompute", "bubble", *(f"exposed_{a}" for a in acc.AXES))
-MARK_KEYS = acc.FIELDS
 _L3 = cmp.LLAMA3_405B
 _C3 = acc.LLAMA3_CLUSTER
 
@@ -50,52 +43,11 @@ def _preset(key: str) -> dict[str, Any]:
 # (model shape, the 16,384-GPU cluster) at the two context lengths of its report, its mesh
 # marked. Explicit arguments override them.
 PRESETS = {"llama3-405b-8k": _preset("8k"), "llama3-405b-128k": _preset("128k")}
-
-
-def parse_mark(text: Any) -> list[dict[str, Any]]:
-    """``"t=8,c=1,p=16,D=128; t=8,c=16,p=16,D=8"`` -> one dict of layout fields per mark."""
-    if text is None or text == "":
-        return []
-    if isinstance(text, dict):
-        return [dict(text)]
-    if isinstance(text, list | tuple):
-        return [m for item in text for m in parse_mark(item)]
-    out = []
-    for part in str(text).split(";"):
-        if not part.strip():
-            continue
-        fields: dict[str, Any] = {}
-        for item in part.split(","):
-            key, eq, value = item.partition("=")
-            key = key.strip()
-            if not eq or key not in MARK_KEYS:
-                raise ValueError(
-                    f"mark {item.strip()!r} is not FIELD=VALUE with FIELD one of "
-                    f"{', '.join(MARK_KEYS)}"
-                )
-            value = value.strip()
-            fields[key] = value if key == "recompute" else parse_number(key, value)
-        out.append(fields)
-    return out
-
-
-def _clean(x: Any) -> Any:
-    """JSON-safe copy: infinities become None."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_clean(v) for v in x]
-    return x
-
-
-def _gb(x: float) -> str:
-    return f"{x / GB:,.1f}"
-
-
-def _s(x: float) -> str:
-    return f"{x:.2f}"
+# ``shardlab plan --device``: memory, dense bf16 peak and HBM bandwidth of a data sheet
+# (accounting.gemm.DEVICES, which cites them)
+DEVICE_OPTIONS = {key: {"gpu_memory_gb": d.memory / GB, "peak_tflops": d.peak_flops / 1e12,
+                        "hbm_tbps": d.hbm_bandwidth / 1e12} for key, d in gemm.DEVICES.items()}  # fmt: skip
+SP_CHOICES = {"auto": None, "on": True, "off": False}
 
 
 def planner_report(
@@ -115,40 +67,58 @@ def planner_report(
     alpha_inter_us: Any = _C3["alpha_inter"] * 1e6,
     beta_inter_gbps: Any = _C3["beta_inter"] / 1e9,
     peak_tflops: Any = _C3["peak_flops"] / 1e12,
-    efficiency: Any = 0.6,
-    reserve: Any = 0.1,
+    hbm_tbps: Any = _C3["hbm_bandwidth"] / 1e12,
+    efficiency: Any = gemm.DEFAULT_CAP,
+    reserve: Any = acc.DEFAULT_RESERVE,
     max_bubble: Any = 0.25,
     microbatch: Any = 1,
     recipe: str = "mixed-adam-16",
     gated: bool = True,
     dropout: bool = False,
     norm: str = "rmsnorm",
+    causal: bool = True,
+    sp: str = "auto",
+    tied_embeddings: bool = False,
+    embedding_in_split: bool = False,
+    hsdp: bool = True,
+    recipe_bytes: Any = None,
     experts: Any = 1,
     top_k: Any = 1,
     top: Any = 10,
     mark: Any = "t=8,c=1,p=16,D=128",
 ) -> Report:
-    """Rank the layouts of a model on a cluster; units: GB = 10^9 bytes, µs, GB/s, TFLOP/s."""
+    """Rank the layouts of a model on a cluster; units: GB = 10^9 bytes, µs, GB/s, TFLOP/s,
+    TB/s (``hbm_tbps``: HBM bandwidth of the per-GEMM roofline; 0 = every GEMM at the cap
+    ``efficiency``). ``sp``: ``"auto"`` (on where ``t`` divides ``s/c``), ``"on"``, ``"off"``;
+    ``recipe_bytes``: ``"W,G,M,M1,M2"`` bytes per parameter (replaces ``recipe``)."""
     args = dict(locals())
-    text = ("recipe", "gated", "dropout", "norm", "mark")
+    text = ("recipe", "gated", "dropout", "norm", "mark", "causal", "sp", "tied_embeddings",
+            "embedding_in_split", "recipe_bytes", "hsdp")  # fmt: skip
     num = {k: parse_number(k, x) for k, x in args.items() if k not in text}
+    if sp not in SP_CHOICES:
+        raise ValueError(f"sp={sp!r} is not one of {', '.join(SP_CHOICES)}")
+    custom = parse_recipe_bytes(recipe_bytes)
     model = cmp.ModelShape(
         num["layers"], num["hidden"], num["heads"], num["kv_heads"], num["ffn"], num["vocab"],
         num["seq_len"], gated=gated, experts=num["experts"], top_k=num["top_k"],
-        dropout=dropout, norm=norm,
+        dropout=dropout, norm=norm, tied_embeddings=tied_embeddings,
     )  # fmt: skip
+    if num["hbm_tbps"] < 0:
+        raise ValueError(f"hbm_tbps={hbm_tbps!r} must be >= 0 (0: no roofline)")
     cluster = acc.Cluster(
         num["gpus"], num["gpu_memory_gb"] * GB, num["gpus_per_node"],
         num["alpha_intra_us"] * 1e-6, num["beta_intra_gbps"] * 1e9,
         num["alpha_inter_us"] * 1e-6, num["beta_inter_gbps"] * 1e9,
         num["peak_tflops"] * 1e12, num["efficiency"],
+        num["hbm_tbps"] * 1e12 if num["hbm_tbps"] else None,
     )  # fmt: skip
-    n_top = int(parse_number("top", top))
+    n_top = _whole("top", top)
     if n_top < 1:
         raise ValueError(f"top={top!r} must be at least 1")
     marks = parse_mark(mark)
-    pl = acc.plan(model, cluster, num["global_batch"], num["microbatch"], recipe,
-                  num["reserve"], num["max_bubble"])  # fmt: skip
+    pl = acc.plan(model, cluster, num["global_batch"], num["microbatch"], custom or recipe,
+                  num["reserve"], num["max_bubble"], causal=causal, sp=SP_CHOICES[sp],
+                  embedding_in_split=embedding_in_split, hsdp=hsdp)  # fmt: skip
     shown = list(pl.feasible[:n_top])
     marked = []
     for fields in marks:
@@ -160,18 +130,29 @@ def planner_report(
     moe = model.experts > 1
     tables = [_ranking_table(pl, shown, moe, n_top), _memory_table(pl, shown),
               _comm_table(pl, shown)]  # fmt: skip
+    kind = "causal (masked half skipped)" if causal else "full score matrix"
+    eff_note = (
+        f"Each GEMM at min({cluster.efficiency:g}, intensity / ridge), ridge = "
+        f"{cluster.peak_flops / cluster.hbm_bandwidth:,.0f} FLOP/byte; element-wise kernels at "
+        f"{cluster.hbm_bandwidth / 1e12:g} TB/s (accounting.gemm)."
+        if cluster.hbm_bandwidth else f"Every GEMM at {cluster.efficiency:g} of the peak."
+    )
     notes = [
         f"Model: {model.n_params / 1e9:,.1f}e9 parameters, "
-        f"{model.flops_per_token('step', True) / 1e12:.3f} TFLOP per token per step "
-        f"(6N = {cmp.six_n(model.n_params) / 1e12:.3f} TFLOP plus causal attention). "
+        f"{model.flops_per_token('step', causal) / 1e12:.3f} TFLOP per token per step "
+        f"(6N = {cmp.six_n(model.n_params) / 1e12:.3f} TFLOP plus attention, {kind}). "
         f"Budget per GPU {pl.settings['budget_bytes'] / GB:.1f} GB "
-        f"({1 - pl.settings['reserve']:.0%} of {num['gpu_memory_gb']:g} GB).",
+        f"({1 - pl.settings['reserve']:.0%} of {num['gpu_memory_gb']:g} GB). " + eff_note
+        + f" Recipe {pl.settings['recipe']}. MFU counts the model's FLOPs, HFU adds the "
+        "recomputed ones.",
         f"Saved activations per layer (accounting.activations, parameterized): "
         f"{'gated (SwiGLU) MLP, 3' if model.gated else 'GeLU MLP, 2'} tensors {model.ffn:,} wide; "
         f"K and V {model.kv_heads}/{model.heads} of Q's width; "
         f"{'dropout masks' if model.dropout else 'no dropout'}; {model.norm}. "
         f"The Korthikanti constants are the GPT-style case (GeLU MLP of 4h, dropout, "
-        f"LayerNorm, K/V heads = heads).",
+        f"LayerNorm, K/V heads = heads). The attention kernel assumed materializes the scores "
+        f"(a s² b saved without recomputation); with SP, full recomputation keeps the layer "
+        f"input split t ways.",
     ]
     marked_data = []
     for fields, best, rej in marked:
@@ -204,12 +185,13 @@ def planner_report(
         )  # fmt: skip
     data = {
         "model": {**{k: getattr(model, k) for k in ("layers", "hidden", "heads", "kv_heads",
-                  "ffn", "vocab", "seq_len", "gated", "experts", "top_k", "dropout", "norm")},
+                  "ffn", "vocab", "seq_len", "gated", "experts", "top_k", "dropout", "norm",
+                  "tied_embeddings")},
                   "n_params": model.n_params,
-                  "flops_per_token": model.flops_per_token("step", True)},
+                  "flops_per_token": model.flops_per_token("step", causal)},
         "cluster": {k: getattr(cluster, k) for k in ("gpus", "gpu_memory", "gpus_per_node",
                     "alpha_intra", "beta_intra", "alpha_inter", "beta_inter", "peak_flops",
-                    "efficiency")},
+                    "efficiency", "hbm_bandwidth")},
         "global_batch": pl.global_batch,
         "settings": dict(pl.settings),
         "n_feasible": len(pl.feasible),
@@ -222,71 +204,14 @@ def planner_report(
     }  # fmt: skip
     return Report(
         title=f"Layout planner: {model.n_params / 1e9:,.0f}e9 parameters, s={model.seq_len:,}, "
-        f"batch {pl.global_batch:,} sequences, {cluster.gpus:,} GPUs of "
+        f"batch {pl.global_batch:,} sequences ({pl.global_batch * model.seq_len:,} tokens), "
+        f"{cluster.gpus:,} GPUs of "
         f"{num['gpu_memory_gb']:g} GB",
         tables=tables,
         data=_clean(data),
         notes=notes,
         chart_svg=chart,
     )
-
-
-def _ranking_table(pl: acc.Plan, shown: list, moe: bool, n_top: int) -> Table:
-    cols = ["rank", "t", "c", "p", "D", *(["ep"] if moe else []), "ZeRO", "recompute", "m",
-            "v", "peak GB", "step s", "MFU", "bubble s", "exposed comm s", "tokens/s"]  # fmt: skip
-    rows = []
-    for c in shown:
-        lay = c.layout
-        exposed = sum(c.times[f"exposed_{a}"] for a in acc.AXES)
-        rows.append([pl.rank_of(c), lay.t, lay.c, lay.p, lay.D, *([lay.ep] if moe else []),
-                     lay.zero, lay.recompute, lay.m, lay.v, _gb(c.peak), _s(c.step_time),
-                     fmt_pct(c.mfu), _s(c.times["bubble"]), _s(exposed),
-                     f"{c.tokens_per_s:,.0f}"])  # fmt: skip
-    return Table(cols, rows, title=f"Feasible layouts ranked by predicted step time (top "
-                 f"{min(n_top, len(pl.feasible))} of {len(pl.feasible):,}; marked ones added)",
-                 highlight=frozenset(i for i, c in enumerate(shown) if pl.rank_of(c) > n_top))  # fmt: skip
-
-
-def _memory_table(pl: acc.Plan, shown: list) -> Table:
-    cols = ["rank", "stage", *(name for _, name in MEMORY_TERMS), "peak", "budget"]
-    rows = [[pl.rank_of(c), c.peak_stage, *(_gb(c.memory.get(k, 0.0)) for k, _ in MEMORY_TERMS),
-             _gb(c.peak), _gb(c.budget)] for c in shown]  # fmt: skip
-    return Table(cols, rows, title="Per-rank peak memory by term, GB (the fuller of the first "
-                 "and last pipeline stage)")  # fmt: skip
-
-
-def _comm_table(pl: acc.Plan, shown: list) -> Table:
-    cols = ["rank", *(f"{a} s (hidden)" for a in acc.AXES), "bound by"]
-    rows = []
-    for c in shown:
-        cells = []
-        for a in acc.AXES:
-            r = c.comm[a]
-            cells.append("-" if not r.comm_time else f"{r.comm_time:.2f} ({r.overlap:.0%})")
-        worst = max(acc.AXES, key=lambda a: c.comm[a].exposed)
-        bound = "compute" if not c.comm[worst].exposed else f"{worst} traffic"
-        rows.append([pl.rank_of(c), *cells, bound])
-    return Table(cols, rows, title="Communication per step per axis: α–β seconds (share "
-                 "hidden behind compute)")  # fmt: skip
-
-
-def _examples(pl: acc.Plan) -> list:
-    """One rejection per reason: the closest to fitting for out-of-memory, else the first."""
-    out = []
-    for reason in acc.REASONS:
-        rs = [r for r in pl.rejected if r.reason == reason]
-        if rs:
-            out.append(min(rs, key=lambda r: r.over_bytes) if reason == "out of memory" else rs[0])
-    return out
-
-
-def _rejected_table(pl: acc.Plan) -> Table:
-    counts = pl.rejected_counts()
-    ex = {r.reason: r for r in _examples(pl)}
-    rows = [[reason, counts[reason], ex[reason].layout.label if reason in ex else "",
-             ex[reason].detail if reason in ex else ""] for reason in acc.REASONS]  # fmt: skip
-    return Table(["reason", "rejected", "example", "why"], rows,
-                 title="Rejected layouts by reason (* = every value of that field)")  # fmt: skip
 
 
 def render_planner(**kwargs: Any) -> str:
@@ -310,7 +235,7 @@ def planner_calculator(**defaults: Any):
         "gpu_memory_gb": "GPU memory (GB)", "gpus_per_node": "GPUs per node",
         "alpha_intra_us": "α node (µs)", "beta_intra_gbps": "β node (GB/s)",
         "alpha_inter_us": "α network (µs)", "beta_inter_gbps": "β network (GB/s)",
-        "peak_tflops": "peak (TFLOP/s)", "efficiency": "achievable fraction",
+        "peak_tflops": "peak (TFLOP/s)", "hbm_tbps": "HBM (TB/s)", "efficiency": "GEMM cap",
         "reserve": "memory reserve", "max_bubble": "max bubble", "top": "show top",
         "mark": "mark layouts",
     }  # fmt: skip
@@ -333,6 +258,10 @@ def planner_calculator(**defaults: Any):
     controls["norm"] = w.Dropdown(
         options=["rmsnorm", "layernorm"], value=vals["norm"], description="norm"
     )
+    controls["causal"] = w.Checkbox(value=bool(vals["causal"]), description="causal attention")
+    controls["sp"] = w.Dropdown(options=list(SP_CHOICES), value=vals["sp"],
+                                description="sequence par.")  # fmt: skip
+    controls["hsdp"] = w.Checkbox(value=bool(vals["hsdp"]), description="hybrid sharding")
     fixed = {k: vals[k] for k in params if k not in controls}
 
     def convert(values: dict[str, Any]) -> dict[str, Any]:
@@ -345,9 +274,9 @@ def planner_calculator(**defaults: Any):
         convert,
         rows=[
             ["layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "global_batch"],
-            ["gpus", "gpu_memory_gb", "gpus_per_node", "peak_tflops", "efficiency"],
+            ["gpus", "gpu_memory_gb", "gpus_per_node", "peak_tflops", "hbm_tbps", "efficiency"],
             ["alpha_intra_us", "beta_intra_gbps", "alpha_inter_us", "beta_inter_gbps"],
-            ["gated", "dropout", "norm", "reserve", "max_bubble", "top"],
+            ["gated", "dropout", "norm", "causal", "sp", "hsdp", "reserve", "max_bubble", "top"],
             ["mark"],
         ],
     )

@@ -18,6 +18,10 @@ checkpoint tests on the bugged lab).
 The 16-byte recipe tests (test_fsdp_mixed.py and its hidden twin, 9 points) lose 2: the bitwise
 comparison with one process. AdamW is nearly scale-invariant, so the doubled gradient moves the
 weights by eps-sized amounts that the 2**-11 loss tolerance does not see; bytes are unchanged.
+
+The HSDP tests (test_fsdp_hsdp.py and its hidden twin, 10 points) lose 6: the three that compare
+trained weights (with one process, bitwise; with FSDP2 HSDP) -- the shard-axis sum is kept, so
+every update is S = 2 times too large. Bytes per axis and the state per rank are kept.
 """
 
 FILE = "fsdp_units.py"
@@ -35,6 +39,9 @@ LOST = {
     "test_checkpoint_hidden.py::test_reshard_4_to_2",
     "test_checkpoint_hidden.py::test_reshard_2_to_1",
     "test_fsdp_mixed.py::test_bitwise_ranks_and_single_process_microbatches",
+    "test_fsdp_hsdp.py::test_hsdp_bitwise_equal_to_reference",
+    "test_fsdp_hsdp_hidden.py::test_hsdp_accumulation_and_models_bitwise",
+    "test_fsdp_hsdp_hidden.py::test_hsdp_equal_to_pytorch_fsdp2",
 }
 # The released stubs score 0: FSDPConfig validation, padded_numel / blocks_policy and the
 # tied-across-units check of build_units ship complete (the notebook uses them before any

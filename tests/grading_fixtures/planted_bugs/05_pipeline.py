@@ -2,10 +2,12 @@
 
 ``BW`` of every microbatch assigns its weight gradient to ``p.grad`` instead of adding it, so
 after the step each weight holds only the gradient of the last microbatch (divided by m).
-GPipe, 1F1B and interleaved use ``B`` (autograd accumulates for them) and stay correct.
+GPipe, 1F1B and interleaved use ``B`` (autograd accumulates for them) and stay correct; ZB-V
+and DualPipe-V run ``BW`` too and lose with ZB-H1 (in the same tests).
 
-Lost: every test that compares a ZB-H1 run with the single process (2 and 4 ranks, the full
-batch, the 3-rank uneven split and the 8-microbatch run of the hidden tests).
+Lost: every test that compares a ZB-H1 (or ZB-V / DualPipe-V) run with the single process (2
+and 4 ranks, the full batch, the 3-rank uneven split and the 8-microbatch run of the hidden
+tests).
 Kept: the stage split, the action order, the boundary bytes, the activations in flight (BW
 still frees what it should) and the failing-rank message.
 """

@@ -1,0 +1,119 @@
+"""Benchmark results as data: one JSON file per benchmark configuration.
+
+A benchmark calls :func:`load_average` before its launches, then :func:`write_results` with
+its per-launch numbers; the file records where and when it ran (machine, CPU capability,
+cores, load average before and after, torch and Python versions, UTC date), the command, the
+per-launch values and, for every numeric key, the median and range over the launches
+(:func:`summarize`). Chapters render these files instead of typed numbers.
+
+Schema (top-level keys): ``benchmark``, ``command``, ``config``, ``machine``, ``date``,
+``torch``, ``load`` (``{"before": [1, 5, 15 min], "after": [...], "cores": n}``), ``idle``
+(the 1-minute load stayed below the core count before and after: the run the book should
+show), ``per_launch`` (list of dicts), ``summary`` (``{key: {"median", "min", "max", "n"}}``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (empty where the OS has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def machine() -> dict:
+    """Where the benchmark ran: platform, processor, CPU dispatch capability, cores."""
+    import torch
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cores": _cores(),
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+    }
+
+
+def summarize(per_launch: list[dict]) -> dict[str, dict]:
+    """Median, min, max and count of every numeric leaf over the launches; nested dicts
+    give dotted keys (``{"zero1": {"step": x}}`` -> ``"zero1.step"``)."""
+
+    def leaves(d: dict, prefix: str = ""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from leaves(v, f"{prefix}{k}.")
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                yield f"{prefix}{k}", float(v)
+
+    values: dict[str, list[float]] = {}
+    for launch in per_launch:
+        for k, v in leaves(launch):
+            values.setdefault(k, []).append(v)
+    return {
+        k: {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+        for k, v in values.items()
+    }
+
+
+def write_results(
+    name: str,
+    per_launch: list[dict],
+    *,
+    benchmark: str,
+    config: dict,
+    load_before: list[float],
+    command: str | None = None,
+    directory: Path | str | None = None,
+) -> Path:
+    """Write ``<directory>/<name>.json`` (default :data:`RESULTS_DIR`) and return its path.
+
+    ``per_launch``: one dict of numbers (nested dicts allowed) per launch; ``config``: what
+    was run (sizes, ranks, steps, ...); ``load_before``: :func:`load_average` taken before the
+    first launch (the load after is taken here)."""
+    import torch
+
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"name={name!r} must be a plain file name (no '/', not hidden)")
+    if not per_launch:
+        raise ValueError("per_launch is empty: nothing was measured")
+    after = load_average()
+    cores = _cores()
+    data = {
+        "benchmark": benchmark,
+        "command": command
+        if command is not None
+        else " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "config": config,
+        "machine": machine(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "load": {"before": load_before, "after": after, "cores": cores},
+        "idle": bool(load_before and after and max(load_before[0], after[0]) < cores),
+        "per_launch": per_launch,
+        "summary": summarize(per_launch),
+    }
+    out = Path(directory) if directory is not None else RESULTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    return path
