@@ -148,7 +148,7 @@ def axe_source() -> str:
             pytest.fail("npm is needed to fetch axe-core (apt-get install -y npm)")
         subprocess.run(["npm", "pack", "--silent", f"axe-core@{AXE_VERSION}",
                         "--pack-destination", str(AXE_CACHE)], check=True,
-                       stdout=subprocess.DEVNULL)  # fmt: skip
+                       stdout=subprocess.DEVNULL)
     import hashlib
 
     got = hashlib.sha256(tgz.read_bytes()).hexdigest()

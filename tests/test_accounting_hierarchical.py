@@ -22,7 +22,7 @@ def test_hierarchical_all_reduce_bytes_per_level():
     levels = H.hierarchical_all_reduce(1e9, 8, 4, 0.0, 1e11, 0.0, 1e10)
     assert [(lv.level, lv.op, lv.group_size) for lv in levels] == [
         ("inner", "reduce_scatter", 8), ("outer", "all_reduce", 4), ("inner", "all_gather", 8)
-    ]  # fmt: skip
+    ]
     assert [lv.sent_bytes for lv in levels] == [875e6, 187.5e6, 875e6]
     assert H.level_bytes(levels) == {"inner": 1.75e9, "outer": 187.5e6}
     assert sum(lv.seconds for lv in levels) == pytest.approx(0.03625, rel=1e-12)

@@ -55,7 +55,7 @@ def test_hand_worked_orders():
     assert _names(schedule("zbv", 2, 4, 2)) == ZBV_2_4
     assert _names(schedule("dualpipev", 2, 4, 2)) == DUALPIPEV_2_4
     # ZB-V pads to 2p-1 microbatches and cuts, so m = 1 runs: F, then BI BW, per chunk
-    assert _names(schedule("zbv", 2, 1, 2)) == ["F0 F0.1 BI0.1 BW0.1 BI0 BW0", "F0 F0.1 BI0.1 BW0.1 BI0 BW0"]  # fmt: skip
+    assert _names(schedule("zbv", 2, 1, 2)) == ["F0 F0.1 BI0.1 BW0.1 BI0 BW0", "F0 F0.1 BI0.1 BW0.1 BI0 BW0"]
 
 
 def test_hand_worked_simulation():
@@ -120,7 +120,7 @@ def test_size_accumulation_order_and_no_deadlock(kind, p, m):
 
 def test_placement():
     assert placement("zbv") == placement("dualpipev") == "v" and placement("1f1b") == "loop"
-    assert [virtual_stage(r, c, 4, "v") for r in range(4) for c in (0, 1)] == [0, 7, 1, 6, 2, 5, 3, 4]  # fmt: skip
+    assert [virtual_stage(r, c, 4, "v") for r in range(4) for c in (0, 1)] == [0, 7, 1, 6, 2, 5, 3, 4]
     assert [stage_rank(k, 4, "v") for k in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
     assert [stage_rank(k, 4) for k in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
     # the V's p-1 -> p boundary stays on rank p-1: no comm delay between its two chunks
@@ -159,7 +159,7 @@ def test_inflight_bytes_of_a_v():
 
 
 def test_the_one_check():
-    with pytest.raises(ValueError, match=r"kind='zbv' places 2 chunks per rank in a V .*needs v=2, got v=1"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"kind='zbv' places 2 chunks per rank in a V .*needs v=2, got v=1"):
         check_kind("zbv", 2, 4)
     with pytest.raises(ValueError, match="needs v=2, got v=3"):
         schedule("dualpipev", 2, 4, 3)

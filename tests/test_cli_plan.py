@@ -71,7 +71,7 @@ def test_json_equals_accounting(capsys, preset, key):
 def test_overrides_and_custom_model(capsys):
     argv = ["plan", "--layers", "32", "--hidden", "4096", "--heads", "32", "--kv-heads", "8",
             "--ffn", "14336", "--vocab", "128256", "--seq-len", "8192", "--global-batch", "512",
-            "--gpus", "64", "--gpu-memory-gb", "80", "--mark", "t=8,p=1", "--json"]  # fmt: skip
+            "--gpus", "64", "--gpu-memory-gb", "80", "--mark", "t=8,p=1", "--json"]
     assert main_rc(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["cluster"]["gpus"] == 64 and data["model"]["layers"] == 32
@@ -104,7 +104,7 @@ def test_help_documents_units(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     for unit in ("GB, 10^9 bytes", "microseconds", "GB/s", "TFLOP/s", "tokens", "sequences",
-                 "count", "elements"):  # fmt: skip
+                 "count", "elements"):
         assert unit in out, unit
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices["plan"]
@@ -131,10 +131,10 @@ def test_global_batch_in_tokens(capsys):
     2,048 sequences at 8K and 128 at 128K, one ranking each."""
     for preset, seqs in (("llama3-405b-8k", 2048), ("llama3-405b-128k", 128)):
         assert main_rc(["plan", "--preset", preset, "--global-batch-tokens", "16777216",
-                        "--top", "1", "--json"]) == 0  # fmt: skip
+                        "--top", "1", "--json"]) == 0
         by_tokens = json.loads(capsys.readouterr().out)
         assert main_rc(["plan", "--preset", preset, "--global-batch", str(seqs), "--top", "1",
-                        "--json"]) == 0  # fmt: skip
+                        "--json"]) == 0
         assert json.loads(capsys.readouterr().out) == by_tokens
     assert main_rc(["plan", "--global-batch-tokens", "1000"]) == 2
     assert "not a whole number of sequences of s=8,192" in capsys.readouterr().err

@@ -5,7 +5,10 @@
 * SLOW (minutes on 2 cores: it runs each lab's multi-process tests three times):
   ``test_real_lab_grading`` (marked ``slow``: ``make test-slow``) grades the reference solution (100 %), the released stub
   (0 apart from the tests listed in ``STUB_PASSES``) and the planted bug of
-  ``tests/grading_fixtures/planted_bugs/<lab>.py`` (loses exactly the points of ``LOST``).
+  ``tests/grading_fixtures/planted_bugs/<lab>.py`` (loses exactly the points of ``LOST``);
+  ``test_real_lab_grading_extra_bug`` grades each further planted bug of a lab,
+  ``planted_bugs/<lab>--<name>.py`` (a part of the lab the first bug does not reach, e.g. HSDP),
+  on the planted submission only (the reference and the stub are graded once, above).
 """
 
 from __future__ import annotations
@@ -89,4 +92,30 @@ def test_real_lab_grading(lab, tmp_path):
     assert any("NotImplementedError: " in r.message for r in rows.values())
     res, rows = rows_by_test(results, "planted", lab)
     assert {k for k, r in rows.items() if r.points < r.max_points} == bug.LOST
+    assert all(rows[k].points == 0 for k in bug.LOST)
+
+
+EXTRA_BUGS = sorted(p.stem for p in (FIXTURES / "planted_bugs").glob("*--*.py"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EXTRA_BUGS)
+def test_real_lab_grading_extra_bug(name, tmp_path):
+    lab = name.split("--")[0]
+    assert lab in LABS, f"planted_bugs/{name}.py names no lab"
+    bug = load_py(FIXTURES / "planted_bugs" / f"{name}.py")
+    rubric = load_rubric(REPO_LABS / lab)
+    ref = (REPO_LABS / lab / bug.FILE).read_text()
+    assert ref.count(bug.OLD) == 1, f"planted bug {name} no longer matches {bug.FILE}"
+    others = {f: (REPO_LABS / lab / f).read_text() for f in rubric.submit if f != bug.FILE}
+    subs = tmp_path / "subs"
+    write_tree(subs / "planted", {bug.FILE: ref.replace(bug.OLD, bug.NEW), **others})
+    results = grade(
+        REPO_LABS, subs, tmp_path / "out", labs=[lab], workers=2,
+        limits=Limits(timeout=600), cuda=False,
+    )
+    res, rows = rows_by_test(results, "planted", lab)
+    lost = {k for k, r in rows.items() if r.points < r.max_points}
+    assert bug.LOST is not None, f"planted_bugs/{name}.py: LOST not measured yet; lost {sorted(lost)}"
+    assert lost == bug.LOST
     assert all(rows[k].points == 0 for k in bug.LOST)

@@ -42,13 +42,13 @@ HEIGHT_TOLERANCE_PX = 8
 PAGES = ["book/00_one_device.html", "book/01_collectives.html", "book/02_memory.html",
          "book/03_zero.html", "book/04_fsdp.html", "book/05_pipeline.html", "book/06_tensor.html",
          "book/07_sequence.html", "book/08_context.html", "book/09_expert.html",
-         "book/10_combining.html", "labs/01_collectives/lab.html"]  # fmt: skip
+         "book/10_combining.html", "labs/01_collectives/lab.html"]
 
 
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
     return {**browser_type_launch_args, "executable_path": lp.require_chromium(),
-            "args": lp.CHROMIUM_ARGS, "headless": True}  # fmt: skip
+            "args": lp.CHROMIUM_ARGS, "headless": True}
 
 
 _STOPS: list = []  # each module-scoped server's stop(), which carries its answered requests
@@ -101,24 +101,24 @@ def shown(x: float, text: str) -> bool:
 # title -> (field, typed text, CLI arguments from the page's fields, numbers the page must show)
 def _memory(v):
     return ["memory", "--params", v["N (parameters)"], "--dp", v["D (data-parallel ranks)"],
-            "--recipe", v["recipe"], "--layout", v["layout"]]  # fmt: skip
+            "--recipe", v["recipe"], "--layout", v["layout"]]
 
 
 def _activations(v):
     keys = {"s": "s (sequence length, tokens)", "b": "b (microbatch size)", "h": "h (hidden width)",
-            "a": "a (attention heads)", "t": "t (tensor-parallel degree)", "layers": "L (layers)"}  # fmt: skip
+            "a": "a (attention heads)", "t": "t (tensor-parallel degree)", "layers": "L (layers)"}
     return ["activations", *(x for k, lab in keys.items() for x in (f"--{k}", v[lab]))]
 
 
 def _comm(v):
     return ["comm", "--op", v["collective"], "--bytes", v["size V (bytes)"], "--ranks",
             v["D (ranks)"], "--alpha-us", v["α (µs/round)"], "--beta-gbps", v["β (GB/s)"],
-            "--algo", v["algorithm"]]  # fmt: skip
+            "--algo", v["algorithm"]]
 
 
 def _pipeline(v):
     args = ["bubble", "--schedule", v["schedule"], "--stages", v["p (stages)"],
-            "--microbatches", v["m (microbatches)"], "--cost-f", v["F cost"]]  # fmt: skip
+            "--microbatches", v["m (microbatches)"], "--cost-f", v["F cost"]]
     if v["schedule"] == "interleaved":
         args += ["--chunks", v["v (chunks)"]]
     if v["schedule"] == "zb-h1":
@@ -128,7 +128,7 @@ def _pipeline(v):
 
 def _mesh(v):
     return ["mesh", "--gpus", v["G (GPUs)"], "--dp", v["D (data)"], "--tp", v["t (tensor)"],
-            "--pp", v["p (pipeline)"], "--cp", v["c (context)"], "--rank", v["look up rank"]]  # fmt: skip
+            "--pp", v["p (pipeline)"], "--cp", v["c (context)"], "--rank", v["look up rank"]]
 
 
 EDITS = {
@@ -148,7 +148,11 @@ EDITS = {
     # no command either: the DDP row's compute time from accounting.overlap via the report
     "Compute versus communication": ("T (tokens per rank per step)", "2048", None,
         lambda v: [_overlap_ddp_compute(v)]),
-}  # fmt: skip
+    # nor for the batch: tokens per step B s from the fields (b m D s with D m b = B)
+    "The batch the optimizer tolerates": ("B (sequences per step)", "4096", None,
+        lambda v: [int(v["B (sequences per step)"].replace(",", ""))
+                   * int(v["s (sequence length)"].replace(",", ""))]),
+}
 
 
 def _overlap_ddp_compute(values: dict) -> float:
@@ -159,7 +163,7 @@ def _overlap_ddp_compute(values: dict) -> float:
 ALTERNATE = {"Model-state memory per rank": "2", "Saved activations per layer": "3",
              "Collectives under the α–β model": "8", "Pipeline schedule and bubble": "12",
              "Device mesh": "6", "Roofline of one matrix product": "3e3",
-             "Compute versus communication": "4096"}  # fmt: skip
+             "Compute versus communication": "4096", "The batch the optimizer tolerates": "1024"}
 
 
 def _differs(current: str, text: str) -> bool:
@@ -179,7 +183,7 @@ def check_edit(view, title: str) -> str:
     lp.type_into(view, label, text)
     view.page.wait_for_function("([el, b]) => el.innerText !== b",
                                 arg=[view.locator(".widget-html-content").last.element_handle(),
-                                     before], timeout=30_000)  # fmt: skip
+                                     before], timeout=30_000)
     values = lp.controls(view)
     data = lp.run_cli([str(x) for x in cli(values)]) if cli else values
     page_text = lp.result_text(view)
@@ -259,7 +263,7 @@ def test_edits_while_loading_are_applied(ctx, site):
     assert lp.controls(view)["D (data-parallel ranks)"] == "32"
     data = lp.run_cli(["memory", "--params", "7e9", "--dp", "32"])
     page.wait_for_function("n => document.querySelector('.shardlab-live-view').innerText.includes(n)",
-                           arg=f"{round(data['layouts']['zero3']['total_bytes']):,}", timeout=10_000)  # fmt: skip
+                           arg=f"{round(data['layouts']['zero3']['total_bytes']):,}", timeout=10_000)
     page.close()
 
 
@@ -274,7 +278,7 @@ def test_planner_mark_field_waits_for_enter(ctx, site):
     lp.field(view, "mark layouts").press("Enter")
     page.wait_for_function("([el, b]) => el.innerText !== b",
                            arg=[view.locator(".widget-html-content").last.element_handle(),
-                                before], timeout=30_000)  # fmt: skip
+                                before], timeout=30_000)
     page.close()
 
 
@@ -302,7 +306,7 @@ def test_fields_and_numbers_fit(browser, site, width):
 
 
 def test_load_time_cold_and_repeat(browser_type, browser_type_launch_args, site_answers,
-                                   tmp_path):  # fmt: skip
+                                   tmp_path):
     """A repeat visit downloads nothing big again: every runtime file (Pyodide's wasm, the
     wheels) comes from the browser's cache or is answered 304. Timed, not asserted on time
     (a speed target is a benchmark's, and these machines are noisy): the figures are printed.
@@ -328,7 +332,7 @@ def test_load_time_cold_and_repeat(browser_type, browser_type_launch_args, site_
     again = [path for path, code in visits[1] if path.split("?")[0].endswith(big) and code == 200]
     print(f"\nfirst live result, navigation start -> live: cold {times[0]:.1f} s, repeat visit "
           f"{times[1]:.1f} s (phases of the repeat, ms: {phases}); runtime files downloaded: "
-          f"{len(cold)} cold, {len(again)} on the repeat visit")  # fmt: skip
+          f"{len(cold)} cold, {len(again)} on the repeat visit")
     assert cold, "the cold visit downloaded no runtime file: the check would prove nothing"
     assert again == [], f"downloaded again on the repeat visit: {again}"
 
@@ -341,7 +345,7 @@ def test_stored_view_stays_when_python_cannot_start(browser, site):
     page = context.new_page()
     page.goto(f"{base}/book/02_memory.html", wait_until="commit")
     page.wait_for_function("window.shardlabLive && window.shardlabLive.state !== 'loading'",
-                           timeout=60_000)  # fmt: skip
+                           timeout=60_000)
     assert page.evaluate("window.shardlabLive.state") == "failed"
     stored = page.locator(".widget-subarea:not(.shardlab-live-view) table.shardlab-table").first
     stored.wait_for(timeout=30_000)

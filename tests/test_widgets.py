@@ -25,6 +25,7 @@ CALCULATORS = {
     "mesh": W.mesh_calculator,
     "roofline": W.roofline_calculator,
     "overlap": W.overlap_calculator,
+    "batch": W.batch_calculator,
 }
 
 
@@ -186,6 +187,7 @@ BAD = {
     "mesh": ("dp", 100, "D (data) = 100"),
     "roofline": ("m", 0, "0 must be"),
     "overlap": ("p", 100, "p (stages) = 100 exceeds L (layers) = 80"),
+    "batch": ("model_ranks", 3, "t·c·p (ranks per replica) = 3 does not divide G (GPUs) = 16384"),
 }
 
 
@@ -282,3 +284,27 @@ def test_overlap_calculator_matches_the_hand_worked_case():
     box = W.overlap_calculator()  # accounting's sentence, written with the field's label
     box.controls["dp"].value = 0
     assert is_error(box.output.value) and "D (data-parallel ranks) = 0 must be" in box.output.value
+
+
+def test_batch_calculator_matches_the_hand_worked_case():
+    """Llama 3's 8K phase: 2,048 sequences of 8,192 tokens = 16,777,216 tokens per step; 16,384
+    GPUs in replicas of t p = 128 give D = 128 and m = 16. At a loss of 2 nats Kaplan's
+    B_crit = 2e8 / 2^(1/0.21); S / S_min = 1 + B_crit / B, E / E_min = 1 + B / B_crit."""
+    d = W.batch_report().data
+    assert (d["tokens_per_step"], d["dp"], d["dp_max"], d["microbatches"]) == (
+        16_777_216, 128, 2048, 16)
+    crit = 2e8 / 2 ** (1 / 0.21)
+    assert d["b_crit"] == pytest.approx(crit, rel=1e-12)
+    assert d["steps_rel"] == pytest.approx(1 + crit / 16_777_216, rel=1e-12)
+    assert d["tokens_rel"] == pytest.approx(1 + 16_777_216 / crit, rel=1e-12)
+    html = W.render_batch()
+    assert "above the critical batch" in html and svgs(html)
+    # the batch bounds D: 64 sequences cannot feed 128 replicas; a batch that does not split
+    box = W.batch_calculator()
+    box.controls["global_batch"].value = 64
+    assert is_error(box.output.value) and "D = 128 replicas" in box.output.value
+    assert "B (sequences per step) = 64" in box.output.value
+    box.controls["global_batch"].value = 3000
+    assert "not a multiple of D = 128 times the microbatch of 1" in box.output.value
+    with pytest.raises(TypeError, match="no field nope"):
+        W.batch_calculator(nope=1)

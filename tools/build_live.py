@@ -122,7 +122,7 @@ def fetch_wheels(cache: Path) -> list[Path]:
              "--implementation", "py", "--require-hashes", "-r", str(REQUIREMENTS),
              "-d", str(wheels)],
             check=True,
-        )  # fmt: skip
+        )
     out = []
     for r in reqs:
         whl = cached_wheel(wheels, *r)

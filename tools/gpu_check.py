@@ -42,7 +42,7 @@ LAYOUTS_TWO_RANKS = ["ddp", "fsdp", "tp", "pp"]
 
 def _train(layout: str, ranks: int, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "shardlab", "train", "--layout", layout, "--ranks", str(ranks),
-           "--model", "small", "--steps", "4", "--json"]  # fmt: skip
+           "--model", "small", "--steps", "4", "--json"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     took = time.perf_counter() - t0
@@ -54,9 +54,9 @@ def _train(layout: str, ranks: int, timeout: float) -> dict:
         {"rank": r["rank"], "measured": r["peak"]["measured"], "predicted": r["peak"]["predicted"],
          "ratio": r["peak"]["ratio"], "source": r["peak"]["source"], "device": r["device"]}
         for r in data["rows"]
-    ]  # fmt: skip
+    ]
     return {"layout": layout, "ranks": ranks, "backend": data["backend"], "rows": rows,
-            "seconds": round(took, 1)}  # fmt: skip
+            "seconds": round(took, 1)}
 
 
 def peaks(devices: int, timeout: float) -> list[dict]:
@@ -75,7 +75,7 @@ def peaks(devices: int, timeout: float) -> list[dict]:
         for r in res.get("rows", []):
             print(f"  {layout:>6} x{ranks} rank {r['rank']}: measured {r['measured'] / 2**20:9.2f} MiB"
                   f"  predicted {r['predicted'] / 2**20:9.2f} MiB  ratio {r['ratio']:.4f}"
-                  f"  ({r['source']}, {res['backend']})")  # fmt: skip
+                  f"  ({r['source']}, {res['backend']})")
     return out
 
 
@@ -88,7 +88,7 @@ def gemms() -> list[dict]:
     tokens = 8 * shape.seq_len * 16  # a large enough token count to load the device
     named = {"qkv": (tokens, h, 3 * h), "proj": (tokens, h, h), "mlp_up": (tokens, h, ffn),
              "mlp_down": (tokens, ffn, h), "head": (tokens, h, vocab),
-             "square_8192": (8192, 8192, 8192)}  # fmt: skip
+             "square_8192": (8192, 8192, 8192)}
     dev = torch.device("cuda")
     out = []
     for dtype in (torch.float32, torch.bfloat16):
@@ -109,16 +109,16 @@ def gemms() -> list[dict]:
             flops = 2 * m * k * n
             bytes_moved = (m * k + k * n + m * n) * a.element_size()
             row = {"gemm": name, "dtype": str(dtype).split(".")[-1], "m": m, "k": k, "n": n,
-                   "tflops": flops / sec / 1e12, "intensity": flops / bytes_moved}  # fmt: skip
+                   "tflops": flops / sec / 1e12, "intensity": flops / bytes_moved}
             out.append(row)
             print(f"  {row['dtype']:>8} {name:>12} ({m}x{k}x{n}): {row['tflops']:8.1f} TFLOP/s"
-                  f"  intensity {row['intensity']:7.1f} FLOP/B")  # fmt: skip
+                  f"  intensity {row['intensity']:7.1f} FLOP/B")
     return out
 
 
 def lab_tests(timeout: float) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "labs",
-           "--ignore-glob=labs/*/hidden/*", "tests/test_lab_device_follow.py"]  # fmt: skip
+           "--ignore-glob=labs/*/hidden/*", "tests/test_lab_device_follow.py"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -140,12 +140,12 @@ def main(argv=None) -> int:
         return 2
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA device is visible (torch.cuda.is_available() is False); "
-              "this check needs one GPU. Nothing else in the project needs a GPU.", file=sys.stderr)  # fmt: skip
+              "this check needs one GPU. Nothing else in the project needs a GPU.", file=sys.stderr)
         return 2
     devices = torch.cuda.device_count()
     info = {"device": torch.cuda.get_device_name(0), "devices": devices,
             "torch": torch.__version__, "cuda": torch.version.cuda,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     print(f"gpu-check on {devices} x {info['device']} (torch {info['torch']}, CUDA {info['cuda']})")
     ok = True
     print("1. peak memory, shardlab train (small model, 4 steps): measured vs accounting.peak")

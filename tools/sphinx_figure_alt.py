@@ -32,7 +32,7 @@ from sphinx.application import Sphinx
 
 _DEFAULT_REPR = re.compile(r"^<(Figure|matplotlib\.figure\.Figure) .*>$|^<Figure size ")
 _TITLE_CALLS = {"set_title": "", "suptitle": "", "title": "", "set_xlabel": "x axis: ",
-                "set_ylabel": "y axis: ", "xlabel": "x axis: ", "ylabel": "y axis: "}  # fmt: skip
+                "set_ylabel": "y axis: ", "xlabel": "x axis: ", "ylabel": "y axis: "}
 
 
 def _text(node: ast.AST) -> str | None:

@@ -204,7 +204,7 @@ def _build(impl: str, size: str, bucket_size_mb: float):
 def profile_step(
     impl: str = "mine", size: str = "profile", bucket_size_mb: float = PROFILE_BUCKET_MB,
     n: int = PROFILE_BATCH,
-) -> dict:  # fmt: skip
+) -> dict:
     """One AdamW step (after a warm-up step) under MemoryTrace, plus what the prediction needs.
 
     Returns the timeline, ``n_params``, the measured model state, and the sizes

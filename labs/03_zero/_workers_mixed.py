@@ -58,7 +58,7 @@ def train(layout: str, recipe: str, kind: str, steps: int, group, microbatches: 
     for s in range(steps):
         loss = torch.zeros((), device=next(model.parameters()).device)
         for xy in split_microbatches(rank_slice(step_batch(model.config, s), group=group),
-                                     microbatches):  # fmt: skip
+                                     microbatches):
             part = lm_loss(mp, *xy) / microbatches
             part.backward()
             loss += part.detach()
@@ -91,7 +91,7 @@ def torch_reference(kind: str, steps: int) -> dict:
     opt = torch.optim.AdamW(
         masters, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
         foreach=False,
-    )  # fmt: skip
+    )
     losses = []
     for s in range(steps):
         loss = lm_loss(model, *step_batch(model.config, s))

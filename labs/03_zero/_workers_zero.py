@@ -283,7 +283,7 @@ def _build(impl: str, size: str, bucket_size_mb: float):
 def profile_step(
     impl: str, size: str = "profile", bucket_size_mb: float = PROFILE_BUCKET_MB,
     n: int = PROFILE_BATCH,
-) -> dict:  # fmt: skip
+) -> dict:
     """One AdamW step (after a warm-up step) under MemoryTrace, plus what the prediction
     needs: ``n_state`` (elements the layout's model-state formula is applied to: ``D*S``
     for ZeRO-1, ``N_pad`` for ZeRO-2), ``stepped`` (numel of each tensor this rank's AdamW

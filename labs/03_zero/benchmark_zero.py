@@ -154,7 +154,7 @@ def peaks(size: str = "bench", bucket_size_mb: float = 1.0, n: int = BATCH) -> d
 def run(
     size: str = "bench", steps: int = 20, warmup: int = 3, bucket_size_mb: float | None = None,
     n: int = BATCH, with_peaks: bool = True,
-) -> dict:  # fmt: skip
+) -> dict:
     """Rank function: median step times (alternating step by step), weight gaps, peaks."""
     import time
 
@@ -213,7 +213,7 @@ def ratios(res: list[dict]) -> dict[str, dict[str, float]]:
 def main(
     size: str = "bench", ranks: int = 2, steps: int | None = None, repeats: int = 1,
     save: bool = False,
-) -> list[dict]:  # fmt: skip
+) -> list[dict]:
     """Run ``repeats`` launches; print the first one per rank, then the ratios (median and
     range over the launches: gloo's worker threads make even the allocator peak vary).
     ``save``: also write ``benchmarks/results/zero_<size>_<ranks>ranks.json``
@@ -238,19 +238,19 @@ def main(
         print(f"  {impl}: " + ", ".join(cells))
     print(f"step time / compute floor (same model, batch and step, no communication){more}")
     print("  " + ", ".join(f"{impl} {median_range(p['floor'][impl] for p in per_launch)}"
-                           for impl in IMPLS))  # fmt: skip
+                           for impl in IMPLS))
     if save:
         rows = [
             {"ratio": p, "seconds": {i: max(m[i]["step_s"] for m in res) for i in (*IMPLS, "floor")}}
             for p, res in zip(per_launch, launches)
-        ]  # fmt: skip
+        ]
         path = write_results(
             f"zero_{size}_{ranks}ranks", rows,
             benchmark="lab 03 ZeRO-1 / ZeRO-2 vs DDP + ZeroRedundancyOptimizer (gloo, CPU)",
             config={"size": size, "ranks": ranks, "n_params": res[0]["n_params"],
                     "bucket_mb": BUCKET_MB[size], "batch": BATCH, **kw},
             load_before=load_before,
-        )  # fmt: skip
+        )
         print(f"results written to {path.name}")
     return per_launch
 

@@ -78,4 +78,4 @@ class Zero2Runner(DataParallelRunner):
             backward_workspace_bytes=peak.logits_workspace(b, self.cfg.seq_len,
                                                            self.cfg.vocab_size, Q),
             optimizer_workspace_bytes=peak.adam_workspace([p.numel() for p in self.params()]),
-        )  # fmt: skip
+        )

@@ -44,7 +44,7 @@ def four():
     return launch(
         "_workers_zero:suite", 4, zero1_cases=ZERO1_CASES[1:2], zero2_cases=ZERO2_CASES[:1],
         profile=False, timeout=180,
-    )  # fmt: skip
+    )
 
 
 def _check(res, stage, name):

@@ -55,7 +55,7 @@ def make_batches(steps: int = STEPS, batch: int = GLOBAL_BATCH, seed: int = 1):
         (torch.randint(0, VOCAB, (batch, SEQ), generator=g),
          torch.randint(0, VOCAB, (batch, SEQ), generator=g))
         for _ in range(steps)
-    ]  # fmt: skip
+    ]
 
 
 def named(model: nn.Module) -> dict[str, torch.Tensor]:

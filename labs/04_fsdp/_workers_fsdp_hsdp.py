@@ -47,15 +47,15 @@ def hsdp_mesh(replicate: int = 2):
 
     world = dist.get_world_size()
     return init_device_mesh("cpu", (replicate, world // replicate),
-                            mesh_dim_names=("replicate", "shard"))  # fmt: skip
+                            mesh_dim_names=("replicate", "shard"))
 
 
 def train_hsdp(kind="plain", opt="adamw", steps=STEPS, microbatches=1, sync_each=True, mesh=None,
-               cfg=None, **model_cfg):  # fmt: skip
+               cfg=None, **model_cfg):
     """Our FSDP sharded on the mesh's ``shard`` axis, replicated on ``replicate``."""
     mesh = mesh or hsdp_mesh()
     model = FSDP(make_model(kind, **model_cfg), mesh.get_group("shard"), cfg or FSDPConfig(),
-                 replicate_group=mesh.get_group("replicate"))  # fmt: skip
+                 replicate_group=mesh.get_group("replicate"))
     o = make_optimizer(opt, model.parameters())
     for x, y in make_batches(steps):
         accumulate(model, rank_slice(x), rank_slice(y), microbatches, sync_each)
@@ -100,7 +100,7 @@ def axis_bytes(tr) -> dict:
     for axis, ops in AXES.items():
         recs = [r for r in tr.records if r.op in ops]
         out[axis] = {"bytes": sum(r.sent_bytes for r in recs), "count": len(recs),
-                     "group_sizes": sorted({r.group_size for r in recs})}  # fmt: skip
+                     "group_sizes": sorted({r.group_size for r in recs})}
     out["other"] = sorted({r.op for r in tr.records} - {o for ops in AXES.values() for o in ops})
     return out
 
@@ -115,7 +115,7 @@ def comm_rows(mesh, microbatches=1, sync_each=True, reshard=True, q=4) -> dict:
     n_pad = model.padded_numel
     pred = hierarchical.hsdp_step_volume(n_pad, S, R, q, reshard, microbatches, sync_each)
     return {"run": f"m={microbatches} sync_every_microbatch={sync_each} reshard={reshard}",
-            "N_padded": n_pad, "measured": axis_bytes(tr), "predicted": pred}  # fmt: skip
+            "N_padded": n_pad, "measured": axis_bytes(tr), "predicted": pred}
 
 
 def state_row(mesh) -> dict:
@@ -128,7 +128,7 @@ def state_row(mesh) -> dict:
     pred = memory.model_state(model.padded_numel, S, "zero3", RECIPE).total
     measured = got["weights"] + got["grads"] + got["moments"]
     return {"N_padded": model.padded_numel, "shard": S, "measured_bytes": measured,
-            "predicted_bytes": pred, "gathered_left": got["gathered_left"]}  # fmt: skip
+            "predicted_bytes": pred, "gathered_left": got["gathered_left"]}
 
 
 def replicas_agree(model: FSDP, mesh) -> bool:
@@ -149,7 +149,7 @@ def _check(kind, opt, mesh, microbatches=1, sync_each=True) -> dict | None:
     if dist.get_rank() != 0:
         return None
     return {"split": compare(sd, reference_hsdp(kind, opt, S, R, STEPS, microbatches)),
-            "full": compare(sd, reference_full(kind, opt, STEPS)), "replicas_agree": agree}  # fmt: skip
+            "full": compare(sd, reference_full(kind, opt, STEPS)), "replicas_agree": agree}
 
 
 def check_hsdp() -> dict | None:
@@ -166,7 +166,7 @@ def extra_hsdp() -> dict | None:
     mesh = hsdp_mesh()
     rep = {"accum": {"no_sync": _check("plain", "sgd", mesh, 2, False),
                      "tied": _check("tied", "adamw", mesh), "frozen": _check("frozen", "sgd", mesh)},
-           "comm": [comm_rows(mesh, 2, False), comm_rows(mesh, 2, True)]}  # fmt: skip
+           "comm": [comm_rows(mesh, 2, False), comm_rows(mesh, 2, True)]}
     ours = train_hsdp("plain", "adamw", mesh=mesh)[0].full_state_dict()
     theirs = train_fsdp2_hsdp("plain", "adamw", mesh=mesh)[0]
     sd = {n: p.full_tensor().detach().clone() for n, p in theirs.named_parameters()}
@@ -211,7 +211,7 @@ def benchmark(steps: int = 5, batch: int = 8, **cfg) -> dict | None:
         tr = traced_step(model, opt, x, y) if name == "ours" else _traced_fsdp2(model, opt, x, y)
         times = sorted(timed_steps(model, opt, x, y, steps))
         res[name] = {"step_s": times[len(times) // 2], "peak_bytes": mt.peak,
-                     **{k: v["bytes"] for k, v in axis_bytes(tr).items() if k != "other"}}  # fmt: skip
+                     **{k: v["bytes"] for k, v in axis_bytes(tr).items() if k != "other"}}
         if name == "ours":
             res["predicted"] = hierarchical.hsdp_step_volume(model.padded_numel, S, R, 4)
         del model, opt

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
         ours_root, dcp_dir = Path(tmp) / "ours", Path(tmp) / "dcp"
         fn = "_workers_checkpoint:bench"
         save = launch(fn, a.save_ranks, str(ours_root), str(dcp_dir), False, a.repeats, **cfg,
-                      quiet=True, timeout=600)  # fmt: skip
+                      quiet=True, timeout=600)
         path = ckpt.latest_checkpoint(ours_root)
         meta = ckpt.read_meta(path)
         rng = torch.get_rng_state().numel()
@@ -83,28 +83,28 @@ def main(argv: list[str] | None = None) -> dict:
         res["meta_bytes"] = (path / "meta.json").stat().st_size
         for d in a.load_ranks:
             runs = launch(fn, d, str(path), str(dcp_dir), True, a.repeats, **cfg, quiet=True,
-                          timeout=600)  # fmt: skip
+                          timeout=600)
             pred = [acc.reshard_read_bytes(numels, a.save_ranks, d, r, 2, 4, rng) for r in range(d)]
             res["load"][d] = {**runs[0], "read": [r["ours_read"] for r in runs], "predicted": pred}
     print(f"model: {res['n_params']:,} parameters ({cfg}), AdamW state, saved by "
-          f"{a.save_ranks} ranks; median of {a.repeats}")  # fmt: skip
+          f"{a.save_ranks} ranks; median of {a.repeats}")
     print(f"{'':26}{'ours':>14}{'DCP':>14}{'ours/DCP':>10}")
     print(f"{'bytes on disk':26}{res['ours_bytes']:14,d}{res['dcp_bytes']:14,d}"
-          f"{res['ours_bytes'] / res['dcp_bytes']:10.3f}")  # fmt: skip
+          f"{res['ours_bytes'] / res['dcp_bytes']:10.3f}")
     print(f"{'files':26}{res['ours_files']:14d}{res['dcp_files']:14d}")
     s = res["save"]
     print(f"{f'save at D={a.save_ranks} (ms)':26}{s['ours_s'] * 1e3:14.1f}{s['dcp_s'] * 1e3:14.1f}"
-          f"{s['ours_s'] / s['dcp_s']:10.2f}")  # fmt: skip
+          f"{s['ours_s'] / s['dcp_s']:10.2f}")
     for d, r in res["load"].items():
         print(f"{f'load at D={d} (ms)':26}{r['ours_s'] * 1e3:14.1f}{r['dcp_s'] * 1e3:14.1f}"
-              f"{r['ours_s'] / r['dcp_s']:10.2f}")  # fmt: skip
+              f"{r['ours_s'] / r['dcp_s']:10.2f}")
     print(f"ours: shard files {res['ours_bytes'] - res['meta_bytes']:,} B = "
           f"accounting.checkpoint.checkpoint_bytes {res['ours_predicted']:,} B; "
-          f"meta.json {res['meta_bytes']:,} B")  # fmt: skip
+          f"meta.json {res['meta_bytes']:,} B")
     over = res["dcp_bytes"] - res["dcp_payload"] - res["dcp_metadata"]
     print(f"DCP: tensor payload {res['dcp_payload']:,} B, .metadata {res['dcp_metadata']:,} B, "
           f"{res['dcp_records']} records in .distcp files carrying {over:,} B of framing "
-          f"({over / res['dcp_records']:,.0f} B per record)")  # fmt: skip
+          f"({over / res['dcp_records']:,.0f} B per record)")
     for d, r in res["load"].items():
         ok = "=" if r["read"] == r["predicted"] else "!="
         print(f"ours, bytes read per rank at D={d}: {r['read']} {ok} reshard_read_bytes")

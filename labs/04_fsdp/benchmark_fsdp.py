@@ -58,7 +58,7 @@ def run(size: str, ranks: int, steps: int, batch: int, cfg: dict) -> dict:
 
 def print_table(res: dict, size: str, ranks: int, batch: int, steps: int) -> None:
     print(f"size {size} {res['model']}: {res['N']:,} parameters, {ranks} ranks, "
-          f"batch {batch}, median of {steps} steps")  # fmt: skip
+          f"batch {batch}, median of {steps} steps")
     print(f"{'':10}{'step ms':>10}{'peak bytes':>14}{'time / FSDP2':>14}{'peak / FSDP2':>14}")
     for name in MODES:
         r = res[name]
@@ -73,18 +73,18 @@ def run_hsdp(steps: int, batch: int, cfg: dict) -> dict:
     from shardlab.runtime import launch
 
     return launch("_workers_fsdp_hsdp:benchmark", 4, steps=steps, batch=batch, **cfg,
-                  quiet=True, timeout=600)[0]  # fmt: skip
+                  quiet=True, timeout=600)[0]
 
 
 def print_hsdp(res: dict, size: str, batch: int, steps: int) -> None:
     R, S = res["mesh"]
     print(f"HSDP size {size} {res['model']}: {res['N']:,} parameters, {R} x {S} mesh "
-          f"(replicate x shard), batch {batch}, median of {steps} steps")  # fmt: skip
+          f"(replicate x shard), batch {batch}, median of {steps} steps")
     print(f"{'':10}{'step ms':>10}{'peak bytes':>14}{'shard-axis B':>14}{'replicate B':>13}")
     for name in ("predicted", "ours", "fsdp2"):
         r = res[name]
         head = f"{'':10}{'':14}" if name == "predicted" else (
-            f"{r['step_s'] * 1e3:10.2f}{r['peak_bytes']:14,d}")  # fmt: skip
+            f"{r['step_s'] * 1e3:10.2f}{r['peak_bytes']:14,d}")
         print(f"{name:10}{head}{r['shard']:14,.0f}{r['replicate']:13,.0f}")
     print(f"ours / FSDP2: time {res['ratio_time']:.2f}, peak {res['ratio_peak']:.3f}")
 
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     first = runs[a.ranks[0]]
     # the flat units' ratios at the top level (what the lab notebook reads)
     return {**first, "ratio_time": first["flat"]["ratio_time"],
-            "ratio_peak": first["flat"]["ratio_peak"], "runs": runs}  # fmt: skip
+            "ratio_peak": first["flat"]["ratio_peak"], "runs": runs}
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def _layout(model: FSDP, opt: torch.optim.Optimizer) -> list[dict]:
             "params": [[[a[2] for a in s.aliases], list(s.shape), s.offset] for s in f.slots],
             "states": sorted(k for k, v in st.items() if torch.is_tensor(v) and v.dim() == 1),
             "scalars": {k: float(v) for k, v in st.items() if not torch.is_tensor(v) or v.dim() == 0},
-        })  # fmt: skip
+        })
     return out
 
 
@@ -111,17 +111,17 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: FSDP, opt) -> Pat
             for kind, t in tensors:
                 crcs.append(_write_record(fh, t))
                 records.append({"flat": key, "kind": kind, "offset": offset, "nbytes": t.nbytes,
-                                "dtype": str(t.dtype).removeprefix("torch.")})  # fmt: skip
+                                "dtype": str(t.dtype).removeprefix("torch.")})
                 offset += t.nbytes
         rng = torch.get_rng_state()
         crcs.append(_write_record(fh, rng))
         records.append({"flat": None, "kind": "rng", "offset": offset, "nbytes": rng.nbytes,
-                        "dtype": "uint8"})  # fmt: skip
+                        "dtype": "uint8"})
         fh.flush()
         os.fsync(fh.fileno())  # the data is on disk before the rename can commit it
     files = [None] * world if rank == 0 else None
     dist.gather_object({"bytes": offset + rng.nbytes, "crc32": crcs}, files, group_dst=0,
-                       group=model.group)  # fmt: skip
+                       group=model.group)
     if rank == 0:
         meta = _meta(world, step, opt, layout, records, files)
         with open(tmp / "meta.json", "w") as fh:
@@ -144,7 +144,7 @@ def _meta(world: int, step: int, opt, layout: list, records: list, files: list) 
         "format": FORMAT, "world_size": world, "step": step, "optimizer": type(opt).__name__,
         "flats": layout, "records": records,
         "files": [{"name": shard_name(r, world), **x} for r, x in enumerate(files)],
-    }  # fmt: skip
+    }
 
 
 def _fsync_dir(path: Path) -> None:
@@ -160,7 +160,7 @@ def read_meta(path: str | os.PathLike) -> dict:
     path = Path(path)
     if not (path / "meta.json").is_file():
         raise ValueError(f"{path} has no meta.json: it is not a committed checkpoint "
-                         "(an interrupted save leaves only a .tmp directory)")  # fmt: skip
+                         "(an interrupted save leaves only a .tmp directory)")
     meta = json.loads((path / "meta.json").read_text())
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path / 'meta.json'}: format {meta.get('format')!r} is not {FORMAT!r}")
@@ -168,7 +168,7 @@ def read_meta(path: str | os.PathLike) -> dict:
     on_disk = {p.name for p in path.glob("shard-*.bin")}
     for name in sorted(on_disk - set(expected)):
         raise ValueError(f"{path / name} does not belong to this checkpoint: meta.json records "
-                         f"world size {world} (files shard-0-of-{world}.bin ...)")  # fmt: skip
+                         f"world size {world} (files shard-0-of-{world}.bin ...)")
     for name, nbytes in expected.items():
         if name not in on_disk:
             raise ValueError(f"{path / name} is missing: meta.json records world size {world}")
@@ -176,7 +176,7 @@ def read_meta(path: str | os.PathLike) -> dict:
         if size != nbytes:
             what = "truncated" if size < nbytes else "longer than what was saved"
             raise ValueError(f"{path / name} has {size} bytes but meta.json records {nbytes}: "
-                             f"the file is {what}")  # fmt: skip
+                             f"the file is {what}")
     return meta
 
 
@@ -184,18 +184,18 @@ def _check_layout(path: Path, meta: dict, want: list[dict], opt) -> None:
     """Refuse a checkpoint saved from another model or optimizer, naming the difference."""
     if meta["optimizer"] != type(opt).__name__:
         raise ValueError(f"{path / 'meta.json'} was saved with optimizer {meta['optimizer']}, "
-                         f"the run uses {type(opt).__name__}")  # fmt: skip
+                         f"the run uses {type(opt).__name__}")
     saved = {f["key"]: f for f in meta["flats"]}
     if list(saved) != [f["key"] for f in want]:
         raise ValueError(f"{path / 'meta.json'} records flat parameters {list(saved)}, the model "
-                         f"has {[f['key'] for f in want]}")  # fmt: skip
+                         f"has {[f['key'] for f in want]}")
     for w in want:
         s = saved[w["key"]]
         for field in ("numel", "dtype", "params", "requires_grad"):
             if s[field] != w[field]:
                 raise ValueError(f"{path / 'meta.json'}: flat {w['key']!r} has {field} "
                                  f"{s[field]} in the checkpoint but {w[field]} in the model: "
-                                 "the checkpoint is from a different model")  # fmt: skip
+                                 "the checkpoint is from a different model")
 
 
 def _needed(numel: int, old_world: int, new_world: int, rank: int) -> list[tuple[int, int, int]]:
@@ -291,4 +291,4 @@ def verify_checkpoint(path: str | os.PathLike) -> dict:
 def _crc_error(file: Path, r: dict, crc: int, saved: int) -> str:
     return (f"{file}: bytes [{r['offset']}, {r['offset'] + r['nbytes']}) ({r['flat']} "
             f"{r['kind']}) have crc32 {crc:#010x} but meta.json records {saved:#010x}: the "
-            "shard is corrupt")  # fmt: skip
+            "shard is corrupt")

@@ -168,7 +168,7 @@ class FSDP(nn.Module):
         self.shards = nn.ParameterDict(
             {f"{u.name.replace('.', '_')}_{i}": f.shard for u in self.units for i, f in
              enumerate(u.flats)}
-        )  # fmt: skip
+        )
         self._sync = True
         self._end_queued = False
         self._in_flight: list[FlatParam] = []  # flat params with a reduce-scatter in flight

@@ -56,4 +56,4 @@ class FSDPRunner(DataParallelRunner):
             backward_workspace_bytes=peak.logits_workspace(b, self.cfg.seq_len,
                                                            self.cfg.vocab_size, Q),
             **flat_unit_sizes(self.forward, Q),
-        )  # fmt: skip
+        )

@@ -339,13 +339,13 @@ def analyse(runs_per_rank, kind, m, v, comm=0.0, cores=None):
             if any(ev[2].kind == k for ev in rk[0])
         }
         for rk in runs_per_rank
-    ] if len(runs_per_rank[0][0][0]) > 3 else None  # fmt: skip
+    ] if len(runs_per_rank[0][0][0]) > 3 else None
     makespan = spans[i]
     busy = [sum(e - s for s, e, _ in ev) for ev in events]
     # wall time over CPU time of the step's actions, per rank: above 1 by the share of the
     # step another process held the rank's core (the gap a disturbed measurement leaves)
     stretch = [b / max(1e-12, sum(ev[3] for ev in rk[i])) for b, rk in zip(busy, runs_per_rank)
-               ] if cpu else None  # fmt: skip
+               ] if cpu else None
     costs = [
         {
             k: statistics.fmean([e - s for s, e, a in ev if a.kind == k]) * v
@@ -403,17 +403,17 @@ DISTURBED_STRETCH = 1.10
 def disturbance(analyses) -> str:
     """One sentence on whether the timed runs (``analyse`` results) were disturbed."""
     worst = max(((a["stretch"][r], r, a["kind"]) for a in analyses if a.get("stretch")
-                 for r in range(a["p"])), default=None)  # fmt: skip
+                 for r in range(a["p"])), default=None)
     if worst is None:
         return "no CPU times recorded: cannot tell whether another process disturbed the run"
     x, r, kind = worst
     if x <= DISTURBED_STRETCH:
         return (f"undisturbed: on every rank the actions took at most {DISTURBED_STRETCH:.2f}x "
-                "their CPU time")  # fmt: skip
+                "their CPU time")
     return (f"DISTURBED: rank {r}'s actions ({kind}) took {x:.2f}x their CPU time, so another "
             "process held its core for part of the step and the idle fractions include that "
             "wait; rerun on an idle machine (python benchmark_pipeline.py --bubble) before "
-            "reading them against the closed form")  # fmt: skip
+            "reading them against the closed form")
 
 
 def _closed_idle(kind: str, p: int, m: int, v: int, mean: dict[str, float]) -> float:
@@ -591,7 +591,7 @@ def measure_schedules(p=2, m=8, schedules=SCHEDULES, steps=5, layers=None, size=
     runs = launch(
         "_workers_pipeline:timed_all", p, m, schedules, steps, layers, size, n, quiet=True,
         timeout=900,
-    )  # fmt: skip
+    )
     return {key: analyse([r[key] for r in runs], key[0], m, key[1]) for key in schedules}
 
 

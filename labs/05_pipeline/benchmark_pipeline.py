@@ -65,7 +65,7 @@ def step_times(
         rows = launch(
             "_workers_pipeline:benchmark_all", ranks, kinds, m=m, steps=steps, quiet=True,
             timeout=600,
-        )[0]  # fmt: skip
+        )[0]
         runs.append(rows)
         print(f"run {i + 1}: {ranks} ranks, m = {m}, median of {steps} steps (model 'bench')")
         print(

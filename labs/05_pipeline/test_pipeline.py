@@ -101,7 +101,7 @@ def test_split_stages():
     stages = split_stages(model, 2, 2)
     assert [(s.lo, s.hi, s.first, s.last) for s in stages] == [
         (0, 2, True, False), (2, 4, False, False), (4, 6, False, False), (6, 8, False, True),
-    ]  # fmt: skip
+    ]
     ids = [id(q) for s in stages for q in s.parameters()]
     assert len(ids) == len(set(ids)) == len(list(model.parameters()))  # each weight once
     uneven = split_stages(model, 2, 1, layers=[3, 5])

@@ -78,7 +78,7 @@ def seq_collectives(b: int = 2, s: int = 8, h: int = 3) -> dict:
         "sent": {p: tr.sent_bytes(phase=p) for p in ("gather", "scatter")},
         "ring": {"gather": comm.ring_sent_bytes("all_gather", nbytes, t),
                  "scatter": comm.ring_sent_bytes("reduce_scatter", nbytes, t)},
-    }  # fmt: skip
+    }
 
 
 def linear_rows(model=MODEL) -> list[dict]:
@@ -99,7 +99,7 @@ def linear_rows(model=MODEL) -> list[dict]:
     (ys * w_full).sum().backward()
     rows = []
     for mode, sp, rg in (("tp", False, True), ("tp_sp re-gather", True, True),
-                         ("tp_sp keep", True, False)):  # fmt: skip
+                         ("tp_sp keep", True, False)):
         col = T.ColumnParallelLinear(fc.weight, fc.bias, groups, sp, rg)
         row = T.RowParallelLinear(proj.weight, proj.bias, groups, sp)
         x = (_mine(x_full, groups, 1) if sp else x_full).clone().requires_grad_()
@@ -123,7 +123,7 @@ def linear_rows(model=MODEL) -> list[dict]:
             "mode": mode, "out_shape": tuple(y.shape), "output": _diff(y, want_y.detach()),
             "input_grad": _diff(x.grad, want_gx), "weight_grads": max(grads),
             "forward_ops": _ops(tr, "forward"), "backward_ops": _ops(tr, "backward"),
-        })  # fmt: skip
+        })
     return rows
 
 
@@ -152,7 +152,7 @@ def embedding_rows(model=MODEL) -> list[dict]:
             "output": _diff(out, (_mine(ref, groups, 1) if sp else ref).detach()),
             "weight_grad": _diff(emb.weight.grad, _mine(ref_w.grad, groups, 0)),
             "ops": [r.op for r in tr.records],
-        })  # fmt: skip
+        })
     return rows
 
 
@@ -171,9 +171,9 @@ def attention_mlp_rows(model=MODEL) -> list[dict]:
 
     def attention(x):  # all a heads, the full (b, a, s, s) mask
         q, k, v = (split_heads(p(x), model.a) for p in (serial.q_proj, serial.k_proj,
-                                                         serial.v_proj))  # fmt: skip
+                                                         serial.v_proj))
         mask = dropout_mask((BATCH, model.a, model.seq, model.seq), model.attn_dropout, SEED,
-                            serial.layer, "attn", x.device)  # fmt: skip
+                            serial.layer, "attn", x.device)
         return serial.o_proj(merge_heads(attention_core(q, k, v, mask, model.attn_dropout)))
 
     def mlp(x):
@@ -188,7 +188,7 @@ def attention_mlp_rows(model=MODEL) -> list[dict]:
     rows = []
     for part, sp, rc in (("attention", False, "none"), ("attention", False, "selective"),
                          ("attention", True, "none"), ("attention", True, "selective"),
-                         ("mlp", False, "none"), ("mlp", True, "none")):  # fmt: skip
+                         ("mlp", False, "none"), ("mlp", True, "none")):
         cfg = TPConfig(model, t, sp, rc)
         mod = (
             ParallelAttention(serial, groups, cfg)
@@ -200,7 +200,7 @@ def attention_mlp_rows(model=MODEL) -> list[dict]:
         (y * (_mine(w_full, groups, 1) if sp else w_full)).sum().backward()
         want_y, want_gx = (_mine(z, groups, 1) if sp else z for z in refs[part])
         rows.append({"part": part, "sp": sp, "recompute": rc, "output": _diff(y.detach(), want_y),
-                     "input_grad": _diff(x.grad, want_gx)})  # fmt: skip
+                     "input_grad": _diff(x.grad, want_gx)})
     return rows
 
 
@@ -232,7 +232,7 @@ def block_rows(model=MODEL) -> list[dict]:
             "input_grad": _diff(x.grad, _mine(xs.grad, groups, 1) if sp else xs.grad),
             "ln_local": _diff(ln, serial.ln1.weight.grad),
             "ln_summed": _diff(T.all_reduce(ln, groups) if sp else ln, serial.ln1.weight.grad),
-        })  # fmt: skip
+        })
     return rows
 
 

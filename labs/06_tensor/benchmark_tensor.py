@@ -48,17 +48,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
         TPConfig(ModelConfig(**model), a.ranks, sp)
     results = []
     print(f"2 blocks, h={a.d_model}, a={a.heads}, ffn={3 * a.d_model}, s={a.seq}, b={a.batch}, "
-          f"t={a.ranks}, median of {a.steps} steps")  # fmt: skip
+          f"t={a.ranks}, median of {a.steps} steps")
     print(f"{'':14}{'ours ms':>9}{'DTensor ms':>12}{'time ratio':>12}{'ours peak':>12}"
-          f"{'DTensor peak':>14}{'peak ratio':>12}{'max |out diff|':>16}")  # fmt: skip
+          f"{'DTensor peak':>14}{'peak ratio':>12}{'max |out diff|':>16}")
     for sp in (False, True):
         r = launch("_workers_tensor:benchmark", a.ranks, a.steps, sp, a.batch, **model,
-                   quiet=True)[0]  # fmt: skip
+                   quiet=True)[0]
         results.append(r)
         o, d = r["ours"], r["dtensor"]
         print(f"{'TP + SP' if sp else 'TP':14}{o['step_s'] * 1e3:9.1f}{d['step_s'] * 1e3:12.1f}"
               f"{r['ratio_time']:12.2f}{o['peak_bytes']:12,d}{d['peak_bytes']:14,d}"
-              f"{r['ratio_peak']:12.3f}{r['max_abs_output']:16.1e}")  # fmt: skip
+              f"{r['ratio_peak']:12.3f}{r['max_abs_output']:16.1e}")
     return results
 
 

@@ -77,4 +77,4 @@ class TPRunner(Runner):
             "stepped": [p.numel() for p in self.params()],
             "logits_shape": (self.spec.batch, self.m.seq_len, self.m.vocab // self.t),
         }
-        return predicted_step_peak(prof, "ddp", 1)  # fmt: skip
+        return predicted_step_peak(prof, "ddp", 1)

@@ -84,7 +84,7 @@ class TPGroups:
         return cls(
             tp=tp, tp_rank=rank % tp, tp_group=tp_groups[rank // tp] if tp > 1 else None,
             dp=dp, dp_rank=rank // tp, dp_group=dp_groups[rank % tp] if dp > 1 else None,
-        )  # fmt: skip
+        )
 
     def shard(self, n: int, what: str) -> int:
         """``n / tp``, or a ValueError naming both numbers."""

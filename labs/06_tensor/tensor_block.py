@@ -97,7 +97,7 @@ class TPConfig:
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"recompute={self.recompute!r} is not one of {RECOMPUTE}")
         checks = [("hidden width h", m.h), ("heads a", m.a), ("MLP width ffn", m.ffn),
-                  ("vocabulary V", m.vocab)]  # fmt: skip
+                  ("vocabulary V", m.vocab)]
         if self.sequence_parallel:
             checks.append(("sequence length s", m.seq))
         for what, n in checks:
@@ -109,7 +109,7 @@ def activation_kwargs(m: ModelConfig, q: int = 4) -> dict:
     """This layer's constants for ``accounting.activations`` (fp32 elements, 1-byte bool
     masks, MLP width ``ffn``, dropout on or off, LayerNorm's two fp32 statistics per token)."""
     return dict(q=q, mask_bytes=1, ffn=m.ffn, dropout=m.dropout > 0,
-                attn_dropout=m.attn_dropout > 0, norm="layernorm", norm_stat_bytes=4)  # fmt: skip
+                attn_dropout=m.attn_dropout > 0, norm="layernorm", norm_stat_bytes=4)
 
 
 def _rank_major_qkv(ws: list[torch.Tensor], t: int) -> torch.Tensor:
@@ -159,7 +159,7 @@ class ParallelAttention(nn.Module):
         q, k, v = (split_heads(z, self.heads) for z in qkv.chunk(3, dim=-1))  # (b, a/t, s, dh)
         if self.cfg.recompute == "selective":
             ctx = checkpoint(self.core, q, k, v, seed, use_reentrant=True,
-                             preserve_rng_state=False)  # fmt: skip
+                             preserve_rng_state=False)
         else:
             ctx = self.core(q, k, v, seed)
         return self.o(merge_heads(ctx))  # (b, s, h), or (b, s/t, h) under SP

@@ -101,7 +101,7 @@ def test_sent_bytes_equal_tp_volume(report2, report4):
         assert (tp["all_reduce"], tp["all_gather"], tp["reduce_scatter"]) == (4, 0, 0)
         assert (sp_keep["all_reduce"], sp_keep["all_gather"], sp_keep["reduce_scatter"]) == (
             0, 4, 4,
-        )  # fmt: skip
+        )
         assert (sp_regather["all_gather"], sp_regather["reduce_scatter"]) == (6, 4)
         assert sp_regather["regather_bytes"] == sp_regather["tp_volume"] / 4
         assert tp["forward_bytes"] == tp["backward_bytes"] == tp["tp_volume"] / 2

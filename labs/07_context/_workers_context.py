@@ -108,7 +108,7 @@ def run_case(cfg: CPConfig, variant: str = "ring", seed: int = 0, timed: bool = 
         "ops": sorted({rec.op for rec in tr.records}),
         "messages": {ph: len(tr.select(phase=ph)) for ph in ("forward", "backward")},
         "wall": {"forward": t1 - t0, "backward": t2 - t1},
-    }  # fmt: skip
+    }
     if timed:
         row["compute"] = {"forward": fwd.seconds, "backward": bwd.seconds}
         row["pairs"] = fwd.pairs

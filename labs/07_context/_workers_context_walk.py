@@ -41,7 +41,7 @@ def run_case(cfg: CPConfig, variant: str, group, seed: int = 0) -> dict:
     """
     c, r = dist.get_world_size(group), dist.get_rank(group)
     row = {"out": None, "dq": None, "dk": None, "dv": None, "missing": None,
-           "sent": {}, "messages": {}, "ops": []}  # fmt: skip
+           "sent": {}, "messages": {}, "ops": []}
     try:
         x = W.make_inputs(cfg, seed)
         mine = {n: ra.shard(t, r, c, cfg.zigzag) for n, t in x.items()}

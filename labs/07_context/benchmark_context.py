@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = CPConfig(
         s=a.seq, c=a.ranks, heads=a.heads, kv_heads=a.kv_heads, head_dim=a.head_dim,
         causal=not a.no_causal, zigzag=a.zigzag,
-    )  # fmt: skip
+    )
     res = launch("_workers_context:benchmark", a.ranks, cfg, a.repeats, quiet=True, timeout=600)
     full = res[0]["sdpa_full"]
     print(f"{cfg}, median of {a.repeats} forward+backward passes")

@@ -226,7 +226,7 @@ class RingAttention(torch.autograd.Function):
         if c > 1:  # my block's dK/dV, summed over the other c-1 ranks, comes home
             home_k, home_v = torch.empty_like(k), torch.empty_like(v)
             for req in (dist.irecv(home_k, left, group=group, tag=TAG_DK),
-                        dist.irecv(home_v, left, group=group, tag=TAG_DV)):  # fmt: skip
+                        dist.irecv(home_v, left, group=group, tag=TAG_DV)):
                 req.wait()
             own_dk += home_k
             own_dv += home_v

@@ -44,17 +44,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     a = ap.parse_args(argv)
     # bad sizes fail here, naming the values, before any rank starts
     cfg = MoEConfig(hidden=a.hidden, ffn=2 * a.hidden, num_experts=a.experts, top_k=a.top_k,
-                    capacity_factor=a.capacity_factor, ep=a.ranks)  # fmt: skip
+                    capacity_factor=a.capacity_factor, ep=a.ranks)
     res = launch("_workers_expert:benchmark", a.ranks, cfg, a.tokens, a.steps, quiet=True,
-                 timeout=600)  # fmt: skip
+                 timeout=600)
     print(f"MoE h={cfg.hidden} f={cfg.ffn} E={cfg.num_experts} k={cfg.top_k} "
           f"cf={cfg.capacity_factor}, ep={cfg.ep} ranks x T={a.tokens} tokens, fp32, gloo, "
-          f"median of {a.steps} fwd+bwd")  # fmt: skip
+          f"median of {a.steps} fwd+bwd")
     print(f"{'rank':>4}{'ours ms':>10}{'torch a2a ms':>14}{'ours/torch':>12}"
-          f"{'max |diff|':>12}")  # fmt: skip
+          f"{'max |diff|':>12}")
     for r, m in enumerate(res):
         print(f"{r:>4}{m['mine'] * 1e3:10.1f}{m['torch'] * 1e3:14.1f}"
-              f"{m['mine'] / m['torch']:12.2f}{m['max_abs_diff']:12.1e}")  # fmt: skip
+              f"{m['mine'] / m['torch']:12.2f}{m['max_abs_diff']:12.1e}")
     slowest = max(m["mine"] for m in res)
     single = res[0]["single"]
     print(

@@ -18,7 +18,7 @@ PLAN_OPTIONS = (
     "beta_inter_gbps", "peak_tflops", "hbm_tbps", "efficiency", "reserve", "max_bubble",
     "microbatch", "recipe", "recipe_bytes", "gated", "dropout", "norm", "causal", "sp",
     "tied_embeddings", "embedding_in_split", "hsdp", "experts", "top_k", "top", "mark",
-)  # fmt: skip
+)
 
 
 def _plan(args: argparse.Namespace):
@@ -39,7 +39,7 @@ def _plan(args: argparse.Namespace):
         seqs = tokens / s
         if tokens <= 0 or not float(seqs).is_integer():
             raise ValueError(f"--global-batch-tokens {tokens:,.0f} is not a whole number of "
-                             f"sequences of s={s:,} tokens")  # fmt: skip
+                             f"sequences of s={s:,} tokens")
         kwargs["global_batch"] = int(seqs)
     if args.recipe_bytes is not None and args.recipe is not None:
         raise ValueError("--recipe and --recipe-bytes both given; choose one")
@@ -75,7 +75,7 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         help="GPU data-sheet values: memory (GB), dense bf16 peak (TFLOP/s) and HBM bandwidth "
         "(TB/s) of " + ", ".join(f"{k} ({d.name})" for k, d in DEVICES.items())
         + " (default: the preset's H100)",
-    )  # fmt: skip
+    )
     for flag, metavar, what in (
         ("layers", "L", "transformer layers L (count)"),
         ("hidden", "H", "hidden width h (elements)"),
@@ -111,55 +111,55 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--recipe", choices=list(RECIPES), default=None,
         help="precision recipe, bytes per parameter (default mixed-adam-16)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--recipe-bytes", default=None, metavar="W,G,M,M1,M2",
         help="a recipe not in the list: bytes per parameter of weights, gradients, master "
         "weights, first and second moments, e.g. 2,4,4,4,4",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--gated", action=argparse.BooleanOptionalAction, default=None,
         help="gated (SwiGLU, 3 matrices) MLP, or --no-gated for a GeLU MLP (default gated)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--dropout", action=argparse.BooleanOptionalAction, default=None,
         help="dropout in the layer (saved masks; default off, as in Llama)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--norm", choices=["rmsnorm", "layernorm"], default=None,
         help="normalisation layer (default rmsnorm)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--causal", action=argparse.BooleanOptionalAction, default=None,
         help="causal attention skips the masked half of the scores (default); --no-causal "
         "computes and counts the full score matrix. The memory model assumes a kernel that "
         "materializes the scores",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--sp", choices=list(SP_CHOICES), default=None,
         help="sequence parallelism: auto (on where t divides s/c; default), on, off",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--tied-embeddings", action=argparse.BooleanOptionalAction, default=None,
         help="output head shares the embedding (under pipelining the last stage keeps a copy; "
         "default untied)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--embedding-in-split", action=argparse.BooleanOptionalAction, default=None,
         help="count the embedding and the output head as one layer each when splitting the "
         "layers into pipeline stages (the first and last stage hold one layer fewer; default "
         "off)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--hsdp", action=argparse.BooleanOptionalAction, default=None,
         help="also rank hybrid-sharded layouts (ZeRO-1/2/3 sharded over part of the data axis, "
         "replicated over the rest; default on)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--mark", default=None, metavar="FIELDS",
         help="layouts to locate in the ranking, e.g. 't=8,c=1,p=16,D=128' (fields D t p c ep "
         "zero recompute m v sp reshard replicas, sp/reshard on or off; several separated by ';'; default: "
         "the preset's Llama 3 mesh)",
-    )  # fmt: skip
+    )
     _add_json(p)
     p.set_defaults(func=_plan)

@@ -53,7 +53,7 @@ SHAPES: tuple[tuple[int, int, int], ...] = (
 # A shorter sweep for a notebook cell (a few seconds on one core).
 QUICK_SHAPES: tuple[tuple[int, int, int], ...] = (
     (1, WIDE, WIDE), (16, WIDE, WIDE), (64, WIDE, WIDE), (256, 256, 256), (1024, 1024, 1024),
-)  # fmt: skip
+)
 
 
 def family(m: int, k: int, n: int) -> str:
@@ -94,7 +94,7 @@ def clock_for(device: str, threads: int) -> str:
 
 
 def time_matmul(m: int, k: int, n: int, dtype: Any = None, device: str = "cpu", reps: int = 5,
-                min_time: float = 0.05, clock: str = "wall", weight: Any = None) -> float:  # fmt: skip
+                min_time: float = 0.05, clock: str = "wall", weight: Any = None) -> float:
     """Seconds of one ``m x k`` by ``k x n`` ``torch.matmul`` (see the module docstring);
     ``clock`` ``"cpu"`` reads ``time.process_time``, ``"wall"`` ``time.perf_counter``.
     ``weight``: the ``k x n`` operand to reuse (a fresh random one when None)."""
@@ -131,11 +131,11 @@ def point(m: int, k: int, n: int, seconds: float, q: float) -> dict[str, Any]:
     flops = gemm.matmul_flops(m, k, n)
     return {"family": family(m, k, n), "m": m, "k": k, "n": n, "seconds": seconds,
             "flops": flops, "bytes": gemm.matmul_bytes(m, k, n, q),
-            "intensity": gemm.gemm_intensity(m, k, n, q), "flops_per_s": flops / seconds}  # fmt: skip
+            "intensity": gemm.gemm_intensity(m, k, n, q), "flops_per_s": flops / seconds}
 
 
 def sweep(shapes=SHAPES, dtype: str = "float32", device: str = "cpu", threads: int | None = 1,
-          reps: int = 5, min_time: float = 0.05) -> dict[str, Any]:  # fmt: skip
+          reps: int = 5, min_time: float = 0.05) -> dict[str, Any]:
     """Time every shape; returns the machine, the settings and one :func:`point` per shape.
 
     ``threads`` sets torch's intra-op threads for the sweep (restored afterwards; ``None``
@@ -162,7 +162,7 @@ def sweep(shapes=SHAPES, dtype: str = "float32", device: str = "cpu", threads: i
     finally:
         torch.set_num_threads(before)
     return {"machine": info, "device": device, "dtype": dtype, "bytes_per_element": q,
-            "clock": clock, "reps": reps, "min_time_s": min_time, "points": points}  # fmt: skip
+            "clock": clock, "reps": reps, "min_time_s": min_time, "points": points}
 
 
 def fastest_of(sweeps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -175,7 +175,7 @@ def fastest_of(sweeps: list[dict[str, Any]]) -> dict[str, Any]:
             raise ValueError("fastest_of needs sweeps of the same shapes in the same order")
     q = first["bytes_per_element"]
     points = [point(*shape, min(sw["points"][i]["seconds"] for sw in sweeps), q)
-              for i, shape in enumerate(shapes)]  # fmt: skip
+              for i, shape in enumerate(shapes)]
     return {**first, "passes": len(sweeps), "points": points}
 
 
@@ -250,24 +250,24 @@ def plot_roofline(
             if not pts:
                 continue
             style = dict(marker=marker, ls="none", color=color,
-                         mfc=color if filled else "none", label=f"{fam} ({tag})")  # fmt: skip
+                         mfc=color if filled else "none", label=f"{fam} ({tag})")
             left.plot([p["intensity"] for p, _ in pts], [p["flops_per_s"] for p, _ in pts], **style)
             right.plot([p["intensity"] for p, _ in pts],
-                       [p["flops_per_s"] / f["peak_flops"] for p, _ in pts], **style)  # fmt: skip
+                       [p["flops_per_s"] / f["peak_flops"] for p, _ in pts], **style)
         roof = [gemm.roofline_flops(x, f["peak_flops"], f["bandwidth"]) for x in grid]
         left.plot(grid, roof, "-" if filled else "--", color=color, lw=1.2,
-                  label=f"fitted roofline ({tag})")  # fmt: skip
+                  label=f"fitted roofline ({tag})")
         left.axvline(f["ridge"], color=color, ls=":", lw=0.8)
     f0 = fit
     right.plot(grid, [gemm.roofline_flops(x, f0["peak_flops"], f0["bandwidth"]) / f0["peak_flops"]
-                      for x in grid], "-", color="C0", lw=1.2, label="min(1, I / ridge)")  # fmt: skip
+                      for x in grid], "-", color="C0", lw=1.2, label="min(1, I / ridge)")
     if cap is not None:
         right.plot(grid, [gemm.gemm_efficiency(x, f0["ridge"], cap) for x in grid], "--",
-                   color="C3", lw=1.2, label=f"planner: min({cap:.2f}, I / ridge)")  # fmt: skip
+                   color="C3", lw=1.2, label=f"planner: min({cap:.2f}, I / ridge)")
     left.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)",
-             ylabel="achieved FLOP/s", title=f"{data['dtype']} matmul, {where}")  # fmt: skip
+             ylabel="achieved FLOP/s", title=f"{data['dtype']} matmul, {where}")
     right.set(xscale="log", xlabel="arithmetic intensity (FLOP/byte)",
-              ylabel="share of the fitted peak", title="efficiency against intensity")  # fmt: skip
+              ylabel="share of the fitted peak", title="efficiency against intensity")
     for ax in axes:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
@@ -286,12 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", type=int, default=2, help="whole sweeps; the fastest per shape")
     args = ap.parse_args(argv)
     data = fastest_of([sweep(SHAPES, args.dtype, args.device, args.threads, args.reps,
-                             args.min_time) for _ in range(max(1, args.passes))])  # fmt: skip
+                             args.min_time) for _ in range(max(1, args.passes))])
     fit = fit_roofline(data["points"])
     save_sweep(data, args.out)
     print(f"{args.out}: {len(data['points'])} shapes on {data['machine']['cpu']}; fitted peak "
           f"{fit['peak_flops'] / 1e9:.1f} GFLOP/s, bandwidth {fit['bandwidth'] / 1e9:.1f} GB/s, "
-          f"ridge {fit['ridge']:.1f} FLOP/byte")  # fmt: skip
+          f"ridge {fit['ridge']:.1f} FLOP/byte")
     return 0
 
 

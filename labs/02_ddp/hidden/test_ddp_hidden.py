@@ -31,7 +31,7 @@ def three():
     return launch(
         "_workers_ddp:suite", 3, cases=CASES, measure_kw={"kind": "odd", "bucket_size_mb": 1e-6},
         profile=False, timeout=240,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES])

@@ -39,7 +39,7 @@ def test_model_state_bytes_four_ranks_with_padding(four, case):
             st = run[when]
             assert st["per_object"] == {k: pred.per_object[k] for k in st["per_object"]}, (
                 case, when, st["per_object"], pred.per_object,
-            )  # fmt: skip
+            )
             assert st["total"] == pred.total and st["storages"] == st["total"], (case, when)
 
 

@@ -33,7 +33,7 @@ def three():
     return launch(
         "_workers_zero:suite", 3, zero1_cases=ZERO1, zero2_cases=ZERO2,
         measure_kw={"kind": "odd", "bucket_size_mb": 1e-6}, profile=False, timeout=240,
-    )  # fmt: skip
+    )
 
 
 def _check(res, stage, name):

@@ -51,10 +51,10 @@ def runs(tmp_path_factory):
     out["two"] = launch(
         "_workers_checkpoint:load_and_continue", 2, str(clean / "step-00000002"), str(two), (3,),
         bad=[(str(bad), {})], quiet=True,
-    )  # fmt: skip
+    )
     # 2 -> 1: the checkpoint the 2 ranks saved after step 3
     out["one"] = launch("_workers_checkpoint:load_and_continue", 1, str(two / "step-00000003"),
-                        quiet=True)  # fmt: skip
+                        quiet=True)
     return out
 
 

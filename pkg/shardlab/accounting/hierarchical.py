@@ -77,11 +77,11 @@ def hierarchical_all_reduce(
     i, o = _check_domains(inner, outer)
     steps = (("inner", "reduce_scatter", nb, i, alpha_in, beta_in),
              ("outer", "all_reduce", nb / i, o, alpha_out, beta_out),
-             ("inner", "all_gather", nb, i, alpha_in, beta_in))  # fmt: skip
+             ("inner", "all_gather", nb, i, alpha_in, beta_in))
     return [
         LevelVolume(
             lvl, op, each, g, comm.sent_bytes(op, each, g), comm.alpha_beta_time(op, each, g, a, b)
-        )  # fmt: skip
+        )
         for lvl, op, each, g, a, b in steps
     ]
 
@@ -131,7 +131,7 @@ def hsdp_replicate_traffic(
     """
     each = grad_bytes / shard / count
     return (comm.collectives_time("all_reduce", each, replicas, count, alpha, beta),
-            count * comm.sent_bytes("all_reduce", each, replicas))  # fmt: skip
+            count * comm.sent_bytes("all_reduce", each, replicas))
 
 
 def hsdp_step_volume(

@@ -95,7 +95,7 @@ def closed_peak(persistent: float, activ: float, scratch: float, ws: float | Non
     more of any term. ``tests/test_planner_search`` checks both against ``predict_peak``."""
     terms = {"persistent": persistent, "gathered_params": float(units_alive * unit),
              "unsharded_grads": grad if units_alive else 0.0, "activations": float(activ),
-             "buffers": scratch}  # fmt: skip
+             "buffers": scratch}
     if ws is not None:
         terms["backward_workspace"] = ws
     return sum(terms.values()), terms
@@ -150,13 +150,13 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
     dp_link = cl.link(_inside(t, c, node) and _inside(t * c * p, D, node))
     ep_link = cl.link((ep <= t * c or p == 1) and _inside(1, ep, node))
     tp_r = collective_roofline("all_reduce", o.b * s_loc * h * q, t, 4 * count, *cl.link(True),
-                               0.0, pk_f, eff, name="tp")  # fmt: skip
+                               0.0, pk_f, eff, name="tp")
     kv = kv_bytes(o.b, model.seq_len, model.kv_heads, model.head_dim, q, t)
     cp_r = collective_roofline("all_gather", kv, c, 3 * count, *cp_link,
-                               3 * attn_tok * tokens * count, pk_f, eff, name="cp")  # fmt: skip
+                               3 * attn_tok * tokens * count, pk_f, eff, name="cp")
     a2a = model.top_k * max(1, round(tokens)) * h * q
     ep_r = collective_roofline("all_to_all", a2a, ep, 4 * count if model.experts > 1 else 0,
-                               *ep_link, 0.0, pk_f, eff, name="ep")  # fmt: skip
+                               *ep_link, 0.0, pk_f, eff, name="ep")
     pp_bytes = comm.pipeline_p2p_volume(o.b, s_loc, h, q, m, vv) / t if p > 1 else 0.0
     pp_time = comm.p2p_time(pp_bytes, *pp_link, messages=2 * m * vv)
     fill = 2 * (p * vv - 1)
@@ -176,7 +176,7 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
         per_rec[rc] = (a_l, scratch, r_flops, t_r, hw)
     held = {stage: inflight_chunks(p, m, vv, stage) for stage, _ in stages}
     ws = {stage: logits_workspace(o.b, s_loc, model.vocab // t, 4) if stage == p - 1 else None
-          for stage, _ in stages}  # fmt: skip
+          for stage, _ in stages}
     out = []
     for zr in zeros:
         zero, reshard, given = (*zr, 1, 1)[:3] if isinstance(zr, tuple) else (zr, True, 1)
@@ -184,7 +184,7 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
         unit3 = ()  # ZeRO-3: one layer gathered at a time, one prefetched (closed_peak)
         if zero == 3:
             unit3 = (rec_spec.weights * (dense_l + exp_l), rec_spec.grads * (dense_l + exp_l),
-                     min(layers_rank, 2) if reshard else layers_rank)  # fmt: skip
+                     min(layers_rank, 2) if reshard else layers_rank)
         hide_none = {0: 3 * fwd, 1: 3 * fwd, 2: fwd * (1 + 2 * m), 3: 3 * fwd * m}[zero]
         # the data-parallel splits to cost: the given one, or plain ZeRO then HSDP's replicas
         # while each cuts the data-parallel time that is still exposed (layout_search)
@@ -195,7 +195,7 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
                     out.append(Rejection(Layout(D, t, p, c, ep, zero, None, m, vv, sp, reshard,
                                                 reps), "divisibility",
                                          f"replicas={reps} does not divide D={D}"
-                                         + (f" and edp={edp}" if exp_l else "")))  # fmt: skip
+                                         + (f" and edp={edp}" if exp_l else "")))
                 continue
             if splits and fastest <= compute_time(hide_none, pk_f, eff):
                 break  # nothing exposed left to cut: more replicas only add state
@@ -203,21 +203,21 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
                 cl.link(_inside(t, c, node) and _inside(t * c * p, D // reps, node)),
                 cl.link(_inside(t * c * p * (D // reps), reps, node)))  # shard group, replicas
             dp_t, dp_b = _dp_traffic(model, D, c, t, p, ep, m, zero, layers_rank, q, links,
-                                     reshard, reps)  # fmt: skip
+                                     reshard, reps)
             if splits and dp_t >= fastest:
                 continue
             fastest = min(fastest, dp_t)
             state = {}  # persistent state per stage
             for stage, _ in stages:
                 n_dense = st_layers[stage] * dense_l + (model.embedding_params / t
-                                                        if stage == 0 else 0)  # fmt: skip
+                                                        if stage == 0 else 0)
                 if stage == p - 1:  # the head, or with tied embeddings a copy of the embedding
                     tied_copy = model.embedding_params if model.tied_embeddings and p > 1 else 0
                     n_dense += (model.head_params + tied_copy) / t
                 st = _state_total(max(1, round(n_dense)), D * c // reps, layout_name, o.recipe)
                 if exp_l:
                     st += _state_total(round(st_layers[stage] * exp_l), edp // reps,
-                                       layout_name, o.recipe)  # fmt: skip
+                                       layout_name, o.recipe)
                 state[stage] = st
             splits.append((reps, links, dp_t, dp_b, state))
         for rc in recs:
@@ -234,7 +234,7 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
                 for split in splits[1:]:
                     total = max(closed_peak(split[4][stage], a_l * st_layers[stage] / vv
                                             * held[stage], scratch, ws[stage], *unit3)[0]
-                                for stage, _ in stages)  # fmt: skip
+                                for stage, _ in stages)
                     if total > budget:
                         break
                     fit = split
@@ -247,18 +247,18 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
                     total, pterms = closed_peak(state[stage], activ, scratch, ws[stage], *unit3)
                     if total > best[0]:
                         terms = {("recompute_scratch" if k == "buffers" else k): x
-                                 for k, x in pterms.items()}  # fmt: skip
+                                 for k, x in pterms.items()}
                         best = (total, terms, sname)
                 peak, terms, sname = best
                 if peak > budget:
                     out.append(Rejection(lay, "out of memory",
                                          f"out of memory by {(peak - budget) / GB:.1f} GB "
                                          f"({sname} stage {peak / GB:.1f} GB > budget "
-                                         f"{budget / GB:.1f} GB)", peak - budget))  # fmt: skip
+                                         f"{budget / GB:.1f} GB)", peak - budget))
                     continue
                 rl = {"tp": tp_r, "cp": cp_r, "ep": ep_r,
                       "pp": roofline("pp", pp_time, pp_bytes, m * mb, pk_f, eff, pp_link[1]),
-                      "dp": roofline("dp", dp_t, dp_b, hide, pk_f, eff, links[-1][1])}  # fmt: skip
+                      "dp": roofline("dp", dp_t, dp_b, hide, pk_f, eff, links[-1][1])}
                 costs = {"F": t_f + per_mb / 2, "B": t_b + t_r + per_mb / 2}
                 bub = bubble_time(kind, p, costs, vv) + (fill_time if p > 1 else 0.0)
                 times = {"compute": m * (t_f + t_b), "recompute": m * t_r, "bubble": bub}
@@ -267,7 +267,7 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
                 out.append(Candidate(lay, terms, peak, sname, budget, rl, times, step,
                                      mfu(model_flops, step, G, pk_f), n_tok / step,
                                      idle_fraction(p, m, vv), mfu(hw_flops, step, G, pk_f),
-                                     eff))  # fmt: skip
+                                     eff))
     return out
 
 
@@ -294,7 +294,7 @@ def _dp_traffic(model, D, c, t, p, ep, m, zero, layers_rank, q, links,
                1: [("reduce_scatter", nb, 1), ("all_gather", nb, 1)],
                2: [("reduce_scatter", nb, m), ("all_gather", nb, 1)],
                3: [("all_gather", nb / layers_rank, (2 if reshard else 1) * m * layers_rank),
-                   ("reduce_scatter", nb / layers_rank, m * layers_rank)]}[zero]  # fmt: skip
+                   ("reduce_scatter", nb / layers_rank, m * layers_rank)]}[zero]
         for op, each, k in ops:
             total_t += comm.collectives_time(op, each, g, k, *links[0])
             total_b += k * comm.sent_bytes(op, each, g)

@@ -88,7 +88,7 @@ def dp(layout: str, n_params: float, dp_size: int, tokens: float, rate: float, b
     n = v.number("n_params", n_params)
     volume = comm.step_volume(lay, max(1, round(n)), dp_size, q)
     return ratio(f"dp ({lay})", volume, _HIDE_PASSES[lay] * n * v.number("tokens", tokens),
-                 rate, beta, alpha)  # fmt: skip
+                 rate, beta, alpha)
 
 
 def dp_break_even_tokens(layout: str, dp_size: int, rate: float, beta: float,

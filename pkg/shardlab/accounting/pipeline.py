@@ -50,7 +50,8 @@ action costs ``cost / v``. In-flight microbatches of a rank count ``(microbatch,
 pairs between the start of F and the end of B (or BW). ``stage_costs`` (one dict per rank)
 replaces ``costs`` rank by rank, for unbalanced stages or costs measured on each rank.
 
-Point-to-point bytes per rank (:func:`p2p_sent_bytes`): each virtual stage sends its
+Point-to-point bytes per rank (:func:`p2p_sent_bytes`, in :mod:`.pipeline_bytes` with
+:func:`inflight_bytes`; both re-exported here): each virtual stage sends its
 ``b s h`` output forward unless it is the last and its input gradient backward unless it is
 the first, ``q`` bytes per element, per microbatch, whenever the neighbouring stage lives on
 another rank. Interior ranks send ``comm.pipeline_p2p_volume``; with ``v = 1`` the first and
@@ -70,18 +71,18 @@ from . import _validate as chk
 from .pipeline_actions import (  # noqa: F401  (re-exported: the schedule vocabulary)
     ACTION_KINDS,
     DEFAULT_COSTS,
+    PLACEMENTS,
     Action,
     _costs,
+    _pmv,
     stage_rank,
     virtual_stage,
 )
+from .pipeline_bytes import inflight_bytes, p2p_sent_bytes  # noqa: F401  (re-exported)
+from .pipeline_sim import SimResult, simulate  # noqa: F401  (re-exported)
 
 V_KINDS = ("zbv", "dualpipev")  # two chunks per rank, placed in a V
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", *V_KINDS)
-
-
-def _pmv(p, m, vv=1):
-    return chk.positive_int("p", p), chk.positive_int("m", m), chk.positive_int("v", vv)
 
 
 def bubble_ratio(p: int, m: int, v: int = 1) -> float:
@@ -238,9 +239,6 @@ class Schedule(list):
         self.placement = chk.choice("placement", placement, PLACEMENTS)
 
 
-PLACEMENTS = ("loop", "v")
-
-
 def placement(kind: str) -> str:
     """Where ``kind`` puts the chunks: ``"v"`` for :data:`V_KINDS`, else ``"loop"``."""
     return "v" if chk.choice("kind", kind, KINDS) in V_KINDS else "loop"
@@ -259,42 +257,6 @@ def schedule(kind: str, p: int, m: int, v: int = 1) -> Schedule:
         gen = zbv_rank if kind == "zbv" else dualpipev_rank
         return Schedule([gen(r, p, m) for r in range(p)], "v")
     return Schedule([_interleaved(r, p, m, vv) for r in range(p)])
-
-
-def p2p_sent_bytes(
-    rank: int,
-    p: int,
-    b: int,
-    s: int,
-    h: int,
-    q: float = 2,
-    m: int = 1,
-    v: int = 1,
-    placement: str = "loop",
-) -> float:
-    """Bytes rank ``rank`` of ``p`` sends per step: one ``q b s h`` message forward per
-    microbatch and virtual stage that is not the last, one backward per virtual stage that is
-    not the first, each only when the neighbouring stage is on another rank (``placement``
-    as in :func:`virtual_stage`). Interior ranks send ``comm.pipeline_p2p_volume(b, s, h, q,
-    m, v)``; rank 0 and rank p-1 send one message per microbatch fewer each in a loop (no
-    stage before 0, none after the last), two fewer in a V (rank 0 holds both ends, rank p-1
-    keeps the p-1 -> p boundary in both directions)."""
-    from .comm import pipeline_p2p_volume
-
-    p, m, vv = _pmv(p, m, v)
-    r = chk.nonneg_int("rank", rank)
-    place = chk.choice("placement", placement, PLACEMENTS)
-    if r >= p:
-        raise ValueError(f"rank={r} must be below p={p}")
-    if place == "v" and vv != 2:
-        raise ValueError(f"placement='v' holds 2 chunks per rank, got v={vv}")
-    if p == 1:
-        return 0.0
-    per_message = pipeline_p2p_volume(b, s, h, q, microbatches=m) / (2 * m)  # q b s h
-    # the messages that stay on the rank: none before stage 0, none after the last stage, and
-    # in a V the two directions of the p-1 -> p boundary on rank p-1
-    edges = ((r == 0) + (r == p - 1)) * (2 if place == "v" else 1)
-    return pipeline_p2p_volume(b, s, h, q, microbatches=m, chunks=vv) - edges * m * per_message
 
 
 def stage_bounds(n_layer: int, p: int, v: int = 1) -> list[tuple[int, int]]:
@@ -321,52 +283,10 @@ def check_pipeline(kind: str, p: int, m: int, v: int = 1, n_layer: int | None = 
         stage_bounds(n_layer, p, v)
 
 
-def inflight_bytes(
-    actions: list[Action], chunk_bytes: list[float], kept_bytes: list[float] | None = None
-) -> float:
-    """Peak saved-activation bytes of one rank running ``actions``: a ``(microbatch, chunk)``
-    holds ``chunk_bytes[chunk]`` from the start of its F to the end of its B (or BW, when
-    the list splits the backward). With ``kept_bytes``, a split backward releases all but
-    ``kept_bytes[chunk]`` at the end of its BI (what the weight gradients read: lab 05's BI
-    keeps each weight-owning layer's input) and those at the end of its BW. For ``v = 1`` and
-    no ``kept_bytes`` this is ``chunk_bytes[0]`` times ``simulate(...).peak_inflight``."""
-    sizes = [chk.nonneg_number(f"chunk_bytes[{i}]", x) for i, x in enumerate(chunk_bytes)]
-    kept = (
-        sizes
-        if kept_bytes is None
-        else [chk.nonneg_number(f"kept_bytes[{i}]", x) for i, x in enumerate(kept_bytes)]
-    )
-    if len(kept) != len(sizes):
-        raise ValueError(f"kept_bytes has {len(kept)} entries, chunk_bytes {len(sizes)}")
-    if any(k > c for k, c in zip(kept, sizes)):
-        raise ValueError(f"kept_bytes={kept} must not exceed chunk_bytes={sizes}")
-    split = {(a.microbatch, a.chunk) for a in actions if a.kind == "BW"}
-    now = peak = 0.0
-    for a in actions:
-        if not isinstance(a, Action):
-            raise ValueError(f"actions holds {a!r}, not an Action")
-        if a.chunk >= len(sizes):
-            raise ValueError(f"{a} runs chunk {a.chunk} but chunk_bytes has {len(sizes)} entries")
-        if a.kind == "F":
-            now += sizes[a.chunk]
-            peak = max(peak, now)
-        elif a.kind == "BW":
-            now -= kept[a.chunk]
-        elif (a.microbatch, a.chunk) in split:  # BI of a split backward: keep the layer inputs
-            now -= sizes[a.chunk] - kept[a.chunk]
-        else:  # B (or a BI without BW, which frees everything)
-            now -= sizes[a.chunk]
-    return peak
-
-
-# the event-driven simulator lives in pipeline_sim.py (this module's size); it is part of
-# this module's interface and imported here, after everything it uses is defined
-from .pipeline_sim import SimResult, simulate  # noqa: E402
-
 __all__ = [
     "ACTION_KINDS", "DEFAULT_COSTS", "KINDS", "PLACEMENTS", "V_KINDS", "Action", "Schedule",
     "SimResult", "bubble_ratio", "bubble_time", "check_kind", "check_pipeline",
     "idle_fraction", "inflight_bytes", "p2p_sent_bytes", "placement", "schedule",
     "schedule_idle_fraction", "schedule_size", "simulate", "stage_bounds", "stage_rank",
     "utilization", "virtual_stage",
-]  # fmt: skip
+]

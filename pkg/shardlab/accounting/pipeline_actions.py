@@ -1,8 +1,8 @@
 """The vocabulary of pipeline schedules: actions, their default costs, stage placement.
 
 A leaf of :mod:`.pipeline` (which re-exports everything here), so that the schedule
-generators of :mod:`.pipeline_v` and the simulator of :mod:`.pipeline_sim` can share it
-without importing :mod:`.pipeline` back.
+generators of :mod:`.pipeline_v`, the simulator of :mod:`.pipeline_sim` and the byte counts
+of :mod:`.pipeline_bytes` can share it without importing :mod:`.pipeline` back.
 """
 
 from __future__ import annotations
@@ -13,6 +13,12 @@ from . import _validate as chk
 
 ACTION_KINDS = ("F", "B", "BI", "BW")
 DEFAULT_COSTS = {"F": 1.0, "B": 2.0, "BI": 1.0, "BW": 1.0}
+PLACEMENTS = ("loop", "v")  # where a rank's chunks sit: virtual stages c p + r, or r and 2p-1-r
+
+
+def _pmv(p, m, vv=1):
+    """``(p, m, v)`` checked: stages, microbatches and chunks per rank, each a positive int."""
+    return chk.positive_int("p", p), chk.positive_int("m", m), chk.positive_int("v", vv)
 
 
 @dataclass(frozen=True, order=True)

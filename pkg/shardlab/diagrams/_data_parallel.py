@@ -6,7 +6,7 @@ from shardlab.accounting import _validate as chk
 
 # One colour per rank (tab10 order), reused by every diagram so "rank r" looks the same.
 RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-                "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
+                "#7f7f7f", "#bcbd22", "#17becf")
 
 
 def _colour(i: int) -> str:
@@ -79,7 +79,7 @@ def ring_allreduce(world: int = 4):
 
 # Kinds of interval on the FSDP lifecycle diagram, in legend order.
 FSDP_KINDS = ("all-gather", "forward", "backward", "reduce-scatter", "saved activations",
-              "gradient shard", "update")  # fmt: skip
+              "gradient shard", "update")
 
 
 def fsdp_lifecycle_events(
@@ -138,7 +138,7 @@ def fsdp_lifecycle(units: int = 4, prefetch: bool = True):
     fig, ax = plt.subplots(figsize=(10.5, 0.62 * n + 1.9))
     colours = {"all-gather": "#9ecae1", "forward": "#31a354", "backward": "#e6550d",
                "reduce-scatter": "#fdae6b", "saved activations": "#bcbddc",
-               "gradient shard": "#fdd0a2", "update": "#756bb1"}  # fmt: skip
+               "gradient shard": "#fdd0a2", "update": "#756bb1"}
     for i, kind, start, end in events:
         y = n - 1 - i
         if kind == "full weights":
@@ -146,7 +146,7 @@ def fsdp_lifecycle(units: int = 4, prefetch: bool = True):
         elif kind in ("saved activations", "gradient shard"):  # thin lane under the unit
             ax.barh(y - 0.3, end - start, left=start, color=colours[kind], height=0.16,
                     hatch="///" if kind == "saved activations" else None, edgecolor="#555555",
-                    linewidth=0.3)  # fmt: skip
+                    linewidth=0.3)
         else:
             ax.barh(y + 0.05, end - start, left=start, color=colours[kind], height=0.5)
     ax.set_yticks(range(n), [f"unit {n - 1 - y}" for y in range(n)])
@@ -155,14 +155,14 @@ def fsdp_lifecycle(units: int = 4, prefetch: bool = True):
     )
     handles = [Patch(color=col, label=name) for name, col in colours.items()]
     ax.legend(handles=handles, ncol=4, fontsize=8, loc="upper center",
-              bbox_to_anchor=(0.5, -0.3), frameon=False)  # fmt: skip
+              bbox_to_anchor=(0.5, -0.3), frameon=False)
     ax.set_title(
         f"FSDP unit lifecycle, {n} units"
         + (
             " (prefetch: the next unit's all-gather overlaps this unit's compute)"
             if prefetch
             else ""
-        )  # fmt: skip
+        )
         + "\nunder each unit: its saved activations wait for its backward; its gradient shard "
         "waits for the update",
         fontsize=10,

@@ -25,12 +25,12 @@ def mesh_groups(dp: int = 2, tp: int = 4, pp: int = 2, cp: int = 1, rank: int = 
         x, y = co.cp * tp + co.tp, rows - 1 - (co.dp * pp + co.pp)
         ax.add_patch(Rectangle((x, y), 1, 1, fc="#ffffff", ec="#bbbbbb", lw=0.6))
         ax.text(x + 0.5, y + 0.5, str(g), ha="center", va="center", fontsize=8,
-                weight="bold" if g == rank else "normal")  # fmt: skip
+                weight="bold" if g == rank else "normal")
         for k, (axis, col) in enumerate(AXIS_COLOURS.items()):
             if g in groups[axis] and mesh.sizes[axis] > 1:
                 inset = 0.06 + 0.07 * k  # nested outlines: a rank can be in several groups
                 ax.add_patch(Rectangle((x + inset, y + inset), 1 - 2 * inset, 1 - 2 * inset,
-                                       fill=False, ec=col, lw=1.6))  # fmt: skip
+                                       fill=False, ec=col, lw=1.6))
     for axis, col in AXIS_COLOURS.items():
         ax.plot([], [], color=col, lw=2, label=f"{axis} group of rank {rank} ({len(groups[axis])})")
     ax.set_xlim(0, cols)

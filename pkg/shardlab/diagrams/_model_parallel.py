@@ -95,7 +95,7 @@ def sp_regions():
             _arrow(ax, 0.1 + i * 1.08 - 0.13, 1.45, 0.1 + i * 1.08, 1.45)
     for x, text, col in [(0.1, "sequence-parallel region:\nactivations hold s/t positions", sp),
                          (3.8, "tensor-parallel region: full sequence,\n1/t of the heads / MLP columns", tp),
-                         (7.5, "all-gather forward = reduce-scatter\nbackward (and the mirror)", comm)]:  # fmt: skip
+                         (7.5, "all-gather forward = reduce-scatter\nbackward (and the mirror)", comm)]:
         _box(ax, x, 0.1, 3.3, 0.6, text, col, 7)
     ax.set_title(
         "Sequence parallelism: the all-reduce of g becomes reduce-scatter + all-gather, the "

@@ -38,16 +38,16 @@ def tp_attention_heads(heads: int = 8, t: int = 2):
         mine = [i for i in range(a) if owner[i] == r]
         _arrow(ax, 1.9, mid, 2.3, y + 0.4)
         _box(ax, 2.3, y, 1.9, 0.8, f"Q, K, V of heads {mine[0]}–{mine[-1]}\ncolumns of W_Q, W_K, W_V"
-             f"\n(h, {per}·h/{a}) each", _colour(r) + "55", 7)  # fmt: skip
+             f"\n(h, {per}·h/{a}) each", _colour(r) + "55", 7)
         # one square per head: the core runs on each head alone, no communication
         for k, i in enumerate(mine):
             ax.add_patch(Rectangle((4.5 + k * 1.9 / per, y + 0.1), 1.9 / per * 0.85, 0.6,
-                                   color=_colour(r), alpha=0.6))  # fmt: skip
+                                   color=_colour(r), alpha=0.6))
             ax.text(4.5 + (k + 0.42) * 1.9 / per, y + 0.4, f"h{i}", ha="center", va="center",
-                    fontsize=6)  # fmt: skip
+                    fontsize=6)
         ax.text(5.45, y + 0.78, "softmax(QKᵀ/√d)·V per head, local", ha="center", fontsize=6)
         _box(ax, 6.7, y, 1.8, 0.8, f"rows of W_O for\nheads {mine[0]}–{mine[-1]}\n→ partial (b·s, h)",
-             _colour(r) + "55", 7)  # fmt: skip
+             _colour(r) + "55", 7)
         _arrow(ax, 4.2, y + 0.4, 4.5, y + 0.4)
         _arrow(ax, 6.4, y + 0.4, 6.7, y + 0.4)
         _arrow(ax, 8.5, y + 0.4, 8.9, mid)
@@ -55,9 +55,9 @@ def tp_attention_heads(heads: int = 8, t: int = 2):
     _box(ax, 9.7, mid - 0.35, 1.2, 0.7, "Z = Σ partial\n(b·s, h)")
     _arrow(ax, 9.4, mid, 9.7, mid)
     ax.text(5.5, -0.55, f"a={a} heads over t={t} ranks: {per} whole heads each; t must divide a "
-            "(and the K/V heads of grouped-query attention)", ha="center", fontsize=8)  # fmt: skip
+            "(and the K/V heads of grouped-query attention)", ha="center", fontsize=8)
     ax.set_title("Attention split by heads: column-parallel Q/K/V, local softmax, row-parallel "
-                 "output projection (colour = rank)", fontsize=9)  # fmt: skip
+                 "output projection (colour = rank)", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -120,13 +120,13 @@ def tp_layer():
             _arrow(ax, prev_right, 1.65, x, 1.65)
         prev_right = x + w
     _box(ax, 0.05, 0.0, 3.6, 0.55, "replicated: every rank computes the full (b·s, h) tensor",
-         colours["replicated"], 7)  # fmt: skip
+         colours["replicated"], 7)
     _box(ax, 4.0, 0.0, 3.6, 0.55, "split over t: 1/t of the heads or MLP columns, full sequence",
-         colours["split"], 7)  # fmt: skip
+         colours["split"], 7)
     k = tp_layer_collectives()
     _box(ax, 7.95, 0.0, 4.0, 0.55, f"{k['forward']} all-reduces forward (g), {k['backward']} "
-         "backward (f), each of b·s·h elements", colours["comm"], 7)  # fmt: skip
+         "backward (f), each of b·s·h elements", colours["comm"], 7)
     ax.set_title("One transformer layer under tensor parallelism (Megatron-LM): attention block, "
-                 "then MLP block, each entered by f and left by g", fontsize=9)  # fmt: skip
+                 "then MLP block, each entered by f and left by g", fontsize=9)
     fig.tight_layout()
     return fig

@@ -12,9 +12,9 @@ from ._model_parallel import _arrow, _blank, _box
 # The objects of the 16-byte recipe, in the order the chapter introduces them.
 ZERO_OBJECTS = ("weights", "grads", "master", "moment1", "moment2")
 _OBJECT_LABELS = {"weights": "working weights", "grads": "gradients", "master": "master weights",
-                  "moment1": "Adam moment 1", "moment2": "Adam moment 2"}  # fmt: skip
+                  "moment1": "Adam moment 1", "moment2": "Adam moment 2"}
 _SHORT = {"weights": "weights", "grads": "gradients", "master": "optimizer state",
-          "moment1": "optimizer state", "moment2": "optimizer state"}  # fmt: skip
+          "moment1": "optimizer state", "moment2": "optimizer state"}
 _LAYOUT_LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 
 
@@ -43,7 +43,7 @@ def zero_partitions(dp: int = 4):
     d = chk.positive_int("D", dp)
     held = zero_held_fractions(d)
     fig, axes = plt.subplots(1, len(held), figsize=(11, 0.32 * d * len(ZERO_OBJECTS) * 0.55 + 1.6),
-                             sharey=True)  # fmt: skip
+                             sharey=True)
     row_h = 1.0 / (d + 1)
     for ax, (layout, objs) in zip(axes, held.items()):
         for k, obj in enumerate(ZERO_OBJECTS):
@@ -61,12 +61,12 @@ def zero_partitions(dp: int = 4):
         first = layout == memory.LAYOUTS[0] or not before
         note = "nothing sharded" if not sharded else ("shards " if first else "also shards ")
         ax.set_title(f"{_LAYOUT_LABELS[layout]}\n{note}{', '.join(dict.fromkeys(added))}",
-                     fontsize=8)  # fmt: skip
+                     fontsize=8)
         for side in ax.spines.values():
             side.set_visible(False)
         ax.tick_params(length=0)
     axes[0].set_yticks([len(ZERO_OBJECTS) - 0.5 - k for k in range(len(ZERO_OBJECTS))],
-                       [_OBJECT_LABELS[o] for o in ZERO_OBJECTS], fontsize=8)  # fmt: skip
+                       [_OBJECT_LABELS[o] for o in ZERO_OBJECTS], fontsize=8)
     fig.suptitle(
         f"What each rank keeps of every object, D={d} (one thin bar per rank, colour = rank; a "
         "full bar is a replica, a 1/D piece a shard)",
@@ -119,7 +119,7 @@ def zero_step_dataflow(dp: int = 4):
             for c in range(d):
                 x = x0 + c * col_w / d
                 ax.add_patch(Rectangle((x, y + 0.1), col_w / d, 0.7, fill=False, lw=0.5,
-                                       ec="#999999"))  # fmt: skip
+                                       ec="#999999"))
                 parts = held[r][c]
                 if parts is None:
                     continue
@@ -128,7 +128,7 @@ def zero_step_dataflow(dp: int = 4):
                 for k, o in enumerate(sorted(parts)):  # stripes: whose data the value sums
                     colour = _colour(c) if weights else _colour(o)
                     ax.add_patch(Rectangle((x + k * w, y + 0.1), w, 0.7, color=colour,
-                                           alpha=1.0 if weights else 0.75))  # fmt: skip
+                                           alpha=1.0 if weights else 0.75))
             if s == 0:
                 ax.text(-0.15, y + 0.45, f"rank {r}", ha="right", va="center", fontsize=8)
         ax.text(x0 + col_w / 2, d + 0.15, label, ha="center", fontsize=8, wrap=True)
@@ -138,7 +138,7 @@ def zero_step_dataflow(dp: int = 4):
     _box(ax, 0.0, -0.8, len(states) * (col_w + gap) - gap, 0.5,
          "gradient stripes: whose microbatch the value sums; weight chunks: coloured by their "
          "owner. ZeRO-3 runs the all-gather per unit before it computes instead of after the "
-         "update.", "#f7f7f7", 7)  # fmt: skip
+         "update.", "#f7f7f7", 7)
     ax.set_title(
         f"One ZeRO-1/2 step on D={d} ranks: the two halves of an all-reduce with the "
         "optimizer step between them",

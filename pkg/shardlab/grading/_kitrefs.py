@@ -141,7 +141,7 @@ def dangling(files: dict[str, bytes], shipped: set[str] | frozenset[str] = froze
             out += [f"{rel}: MyST role {m.group(0)}…" for m in ROLE_RE.finditer(text)]
             for m in LINK_RE.finditer(text):
                 target = posixpath.normpath(posixpath.join(posixpath.dirname(rel),
-                                                           m.group("target")))  # fmt: skip
+                                                           m.group("target")))
                 if target not in have and target not in shipped:
                     out.append(f"{rel}: link to {m.group('target')} (not in the release)")
             for m in REPO_PATH_RE.finditer(text):

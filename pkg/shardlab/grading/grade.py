@@ -137,7 +137,7 @@ def grade_lab(
     if rubric.outside and rubric.reference is None:
         # the batch (_jobs.run_jobs) records the reference's values first (_reference)
         raise RubricError(f"{lab}: [outside] needs the reference solution's values, which "
-                          "were not recorded before grading")  # fmt: skip
+                          "were not recorded before grading")
     run, tampered, canary = run_job(
         rubric, found, limits=limits, cuda=cuda, tmp_root=tmp_root, bwrap=bwrap, package=package
     )

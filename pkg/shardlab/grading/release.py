@@ -198,7 +198,7 @@ def released_files(labs_dir: Path, book_url: str | None = None,
     if bad:
         raise ReleaseError(f"{len(bad)} reference(s) the release cannot resolve (first: "
                            f"{'; '.join(bad[:3])}); link the book by URL and name only files "
-                           "the kit contains.")  # fmt: skip
+                           "the kit contains.")
     return files
 
 

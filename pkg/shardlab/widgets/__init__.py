@@ -14,6 +14,7 @@ browser (``tools/build_live.py``, ``tools/live/shardlab-live.js``).
 """
 
 from .activations import activations_calculator, activations_report, render_activations
+from .batch import batch_calculator, batch_report, render_batch
 from .comm import (
     comm_calculator,
     comm_report,
@@ -33,6 +34,8 @@ from .roofline import render_roofline, roofline_calculator, roofline_report
 __all__ = [
     "activations_calculator",
     "activations_report",
+    "batch_calculator",
+    "batch_report",
     "comm_calculator",
     "comm_report",
     "load_machine_preset",
@@ -49,6 +52,7 @@ __all__ = [
     "roofline_report",
     "pipeline_report",
     "render_activations",
+    "render_batch",
     "render_comm",
     "render_memory",
     "render_mesh",

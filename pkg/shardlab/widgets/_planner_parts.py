@@ -32,7 +32,7 @@ def parse_recipe_bytes(text: Any) -> Recipe | None:
     parts = [x for x in str(text).split(",")]
     if len(parts) != 5:
         raise ValueError(f"recipe_bytes={text!r} must be five numbers W,G,M,M1,M2 (bytes per "
-                         "parameter of weights, gradients, master weights, moments 1 and 2)")  # fmt: skip
+                         "parameter of weights, gradients, master weights, moments 1 and 2)")
     vals = [parse_number(f"recipe_bytes[{i}]", x) for i, x in enumerate(parts)]
     return Recipe("custom " + ",".join(f"{x:g}" for x in vals), **dict(zip(OBJECTS[:5], vals)))
 
@@ -98,7 +98,7 @@ def _s(x: float) -> str:
 def _ranking_table(pl: acc.Plan, shown: list, moe: bool, n_top: int) -> Table:
     cols = ["rank", "t", "c", "p", "D", *(["ep"] if moe else []), "ZeRO", "HSDP", "recompute",
             "SP", "m", "v", "peak GB", "step s", "MFU", "HFU", "bubble s", "exposed comm s",
-            "tokens/s"]  # fmt: skip
+            "tokens/s"]
     rows = []
     for c in shown:
         lay = c.layout
@@ -108,18 +108,18 @@ def _ranking_table(pl: acc.Plan, shown: list, moe: bool, n_top: int) -> Table:
                      "-" if lay.t == 1 else ("on" if lay.sp else "off"),
                      lay.m, lay.v, _gb(c.peak), _s(c.step_time), fmt_pct(c.mfu), fmt_pct(c.hfu),
                      _s(c.times["bubble"]), _s(exposed),
-                     f"{c.tokens_per_s:,.0f}"])  # fmt: skip
+                     f"{c.tokens_per_s:,.0f}"])
     return Table(cols, rows, title=f"Feasible layouts ranked by predicted step time (top "
                  f"{min(n_top, len(pl.feasible))} of {len(pl.feasible):,}; marked ones added)",
-                 highlight=frozenset(i for i, c in enumerate(shown) if pl.rank_of(c) > n_top))  # fmt: skip
+                 highlight=frozenset(i for i, c in enumerate(shown) if pl.rank_of(c) > n_top))
 
 
 def _memory_table(pl: acc.Plan, shown: list) -> Table:
     cols = ["rank", "stage", *(name for _, name in MEMORY_TERMS), "peak", "budget"]
     rows = [[pl.rank_of(c), c.peak_stage, *(_gb(c.memory.get(k, 0.0)) for k, _ in MEMORY_TERMS),
-             _gb(c.peak), _gb(c.budget)] for c in shown]  # fmt: skip
+             _gb(c.peak), _gb(c.budget)] for c in shown]
     return Table(cols, rows, title="Per-rank peak memory by term, GB (the fuller of the first "
-                 "and last pipeline stage)")  # fmt: skip
+                 "and last pipeline stage)")
 
 
 def _comm_table(pl: acc.Plan, shown: list) -> Table:
@@ -134,7 +134,7 @@ def _comm_table(pl: acc.Plan, shown: list) -> Table:
         bound = "compute" if not c.comm[worst].exposed else f"{worst} traffic"
         rows.append([pl.rank_of(c), *cells, bound])
     return Table(cols, rows, title="Communication per step per axis: α–β seconds (share "
-                 "hidden behind compute)")  # fmt: skip
+                 "hidden behind compute)")
 
 
 def _examples(pl: acc.Plan) -> list:
@@ -151,6 +151,6 @@ def _rejected_table(pl: acc.Plan) -> Table:
     counts = pl.rejected_counts()
     ex = {r.reason: r for r in _examples(pl)}
     rows = [[reason, counts[reason], ex[reason].layout.label if reason in ex else "",
-             ex[reason].detail if reason in ex else ""] for reason in acc.REASONS]  # fmt: skip
+             ex[reason].detail if reason in ex else ""] for reason in acc.REASONS]
     return Table(["reason", "rejected", "example", "why"], rows,
-                 title="Rejected layouts by reason (* = every value of that field)")  # fmt: skip
+                 title="Rejected layouts by reason (* = every value of that field)")

@@ -24,6 +24,7 @@ from typing import Any
 
 from . import comm as comm_widgets
 from .activations import activations_calculator
+from .batch import batch_calculator
 from .comm import comm_calculator
 from .memory import memory_calculator
 from .mesh import mesh_calculator
@@ -43,6 +44,7 @@ CALCULATORS: dict[str, Callable[..., Any]] = {
     "Layout planner": planner_calculator,
     "Roofline of one matrix product": roofline_calculator,
     "Compute versus communication": overlap_calculator,
+    "The batch the optimizer tolerates": batch_calculator,
 }
 _SELECTION = ("_options_labels", "index")
 _live: dict[str, Any] = {}  # stored view model id -> rebuilt calculator (keeps them alive)

@@ -46,7 +46,7 @@ PRESETS = {"llama3-405b-8k": _preset("8k"), "llama3-405b-128k": _preset("128k")}
 # ``shardlab plan --device``: memory, dense bf16 peak and HBM bandwidth of a data sheet
 # (accounting.gemm.DEVICES, which cites them)
 DEVICE_OPTIONS = {key: {"gpu_memory_gb": d.memory / GB, "peak_tflops": d.peak_flops / 1e12,
-                        "hbm_tbps": d.hbm_bandwidth / 1e12} for key, d in gemm.DEVICES.items()}  # fmt: skip
+                        "hbm_tbps": d.hbm_bandwidth / 1e12} for key, d in gemm.DEVICES.items()}
 SP_CHOICES = {"auto": None, "on": True, "off": False}
 
 
@@ -93,7 +93,7 @@ def planner_report(
     ``recipe_bytes``: ``"W,G,M,M1,M2"`` bytes per parameter (replaces ``recipe``)."""
     args = dict(locals())
     text = ("recipe", "gated", "dropout", "norm", "mark", "causal", "sp", "tied_embeddings",
-            "embedding_in_split", "recipe_bytes", "hsdp")  # fmt: skip
+            "embedding_in_split", "recipe_bytes", "hsdp")
     num = {k: parse_number(k, x) for k, x in args.items() if k not in text}
     if sp not in SP_CHOICES:
         raise ValueError(f"sp={sp!r} is not one of {', '.join(SP_CHOICES)}")
@@ -102,7 +102,7 @@ def planner_report(
         num["layers"], num["hidden"], num["heads"], num["kv_heads"], num["ffn"], num["vocab"],
         num["seq_len"], gated=gated, experts=num["experts"], top_k=num["top_k"],
         dropout=dropout, norm=norm, tied_embeddings=tied_embeddings,
-    )  # fmt: skip
+    )
     if num["hbm_tbps"] < 0:
         raise ValueError(f"hbm_tbps={hbm_tbps!r} must be >= 0 (0: no roofline)")
     cluster = acc.Cluster(
@@ -111,14 +111,14 @@ def planner_report(
         num["alpha_inter_us"] * 1e-6, num["beta_inter_gbps"] * 1e9,
         num["peak_tflops"] * 1e12, num["efficiency"],
         num["hbm_tbps"] * 1e12 if num["hbm_tbps"] else None,
-    )  # fmt: skip
+    )
     n_top = _whole("top", top)
     if n_top < 1:
         raise ValueError(f"top={top!r} must be at least 1")
     marks = parse_mark(mark)
     pl = acc.plan(model, cluster, num["global_batch"], num["microbatch"], custom or recipe,
                   num["reserve"], num["max_bubble"], causal=causal, sp=SP_CHOICES[sp],
-                  embedding_in_split=embedding_in_split, hsdp=hsdp)  # fmt: skip
+                  embedding_in_split=embedding_in_split, hsdp=hsdp)
     shown = list(pl.feasible[:n_top])
     marked = []
     for fields in marks:
@@ -129,7 +129,7 @@ def planner_report(
         marked.append((fields, best, pl.find_rejected(**fields)))
     moe = model.experts > 1
     tables = [_ranking_table(pl, shown, moe, n_top), _memory_table(pl, shown),
-              _comm_table(pl, shown)]  # fmt: skip
+              _comm_table(pl, shown)]
     kind = "causal (masked half skipped)" if causal else "full score matrix"
     eff_note = (
         f"Each GEMM at min({cluster.efficiency:g}, intensity / ridge), ridge = "
@@ -169,7 +169,7 @@ def planner_report(
             "explanation": pl.explain(best) if best is not None else None,
             "rejections": [{"layout": r.layout.as_dict(), "reason": r.reason,
                             "detail": r.detail} for r in rej],
-        })  # fmt: skip
+        })
     tables.append(_rejected_table(pl))
     if not pl.feasible:
         notes.append("No layout is feasible under these inputs; the rejected table says why.")
@@ -182,7 +182,7 @@ def planner_report(
             unit="seconds per step",
             title="Predicted step time by term (rank in the ranking)",
             totals_labels=[f"{c.step_time:.2f} s" for c in shown],
-        )  # fmt: skip
+        )
     data = {
         "model": {**{k: getattr(model, k) for k in ("layers", "hidden", "heads", "kv_heads",
                   "ffn", "vocab", "seq_len", "gated", "experts", "top_k", "dropout", "norm",
@@ -201,7 +201,7 @@ def planner_report(
         "marked": marked_data,
         "rejected_examples": [{"layout": r.layout.as_dict(), "reason": r.reason,
                                "detail": r.detail} for r in _examples(pl)],
-    }  # fmt: skip
+    }
     return Report(
         title=f"Layout planner: {model.n_params / 1e9:,.0f}e9 parameters, s={model.seq_len:,}, "
         f"batch {pl.global_batch:,} sequences ({pl.global_batch * model.seq_len:,} tokens), "
@@ -238,7 +238,7 @@ def planner_calculator(**defaults: Any):
         "peak_tflops": "peak (TFLOP/s)", "hbm_tbps": "HBM (TB/s)", "efficiency": "GEMM cap",
         "reserve": "memory reserve", "max_bubble": "max bubble", "top": "show top",
         "mark": "mark layouts",
-    }  # fmt: skip
+    }
     controls: dict[str, Any] = {}
     for k, desc in labels.items():
         v = vals[k]
@@ -260,7 +260,7 @@ def planner_calculator(**defaults: Any):
     )
     controls["causal"] = w.Checkbox(value=bool(vals["causal"]), description="causal attention")
     controls["sp"] = w.Dropdown(options=list(SP_CHOICES), value=vals["sp"],
-                                description="sequence par.")  # fmt: skip
+                                description="sequence par.")
     controls["hsdp"] = w.Checkbox(value=bool(vals["hsdp"]), description="hybrid sharding")
     fixed = {k: vals[k] for k in params if k not in controls}
 

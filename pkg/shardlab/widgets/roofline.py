@@ -98,10 +98,10 @@ def roofline_report(
         i = gemm.gemm_intensity(mm, k, n, q)
         per_m.append([fmt_int(mm), fmt_num(i), gemm.gemm_bound(i, ridge),
                       fmt_pct(gemm.gemm_efficiency(i, ridge, c)),
-                      fmt_time(gemm.gemm_time(mm, k, n, peak, bw, c, q))])  # fmt: skip
+                      fmt_time(gemm.gemm_time(mm, k, n, peak, bw, c, q))])
     many = Table(["m (tokens)", "intensity", "bound", "efficiency", "time"], per_m,
                  title=f"The same {k:,} × {n:,} weight against other token counts m",
-                 highlight=frozenset({ms.index(m)}))  # fmt: skip
+                 highlight=frozenset({ms.index(m)}))
     xs = _grid(min(intensity, ridge) / 30, max(intensity, ridge) * 30)
     chart = svg_loglog(
         [
@@ -110,7 +110,7 @@ def roofline_report(
                 f"planner (cap {fmt_num(c)})",
                 [(x, gemm.gemm_efficiency(x, ridge, c) * peak) for x in xs],
             ),
-        ],  # fmt: skip
+        ],
         (intensity, eff * peak),
         title="attainable FLOP/s against arithmetic intensity",
         xlabel="arithmetic intensity (FLOP/byte)",
@@ -128,7 +128,7 @@ def roofline_report(
     ]
     data = {"m": m, "k": k, "n": n, "q": q, "peak_flops": peak, "bandwidth": bw, "cap": c,
             "flops": flops, "bytes": nbytes, "intensity": intensity, "ridge": ridge,
-            "bound": bound, "efficiency": eff, "seconds": seconds}  # fmt: skip
+            "bound": bound, "efficiency": eff, "seconds": seconds}
     return Report(TITLE, [one, many], data, notes, chart)
 
 
@@ -185,7 +185,7 @@ def roofline_calculator(
 
     box = build_calculator(TITLE, controls, render_roofline, convert,
                            rows=[["m", "k", "n", "q"],
-                                 ["preset", "peak_tflops", "bandwidth_gbps", "cap"]])  # fmt: skip
+                                 ["preset", "peak_tflops", "bandwidth_gbps", "cap"]])
 
     def apply_preset(change: Any) -> None:
         if change["new"] in PRESETS:
