@@ -1,7 +1,7 @@
 """Lab 05's bubble on balanced stages, timed on real ranks (slow: ``make test-slow``).
 
 Two ranks, the 'timing' model (8 equal blocks; embeddings and head under 1 % of a stage),
-m = 8, all four schedules, the least disturbed of 5 steps (``_workers_pipeline.analyse``),
+m = 8, all four schedules, the least disturbed of 5 steps (``_timing_pipeline.analyse``),
 three launches; the balance and idle checks use the medians of the three.
 
 Tolerances, and why:
@@ -11,7 +11,7 @@ Tolerances, and why:
   stages' halves) within 25 % of each other. The work is equal; what differs is the core a rank runs on (the 2 cores of this
   machine are shared with other jobs; spreads of 0-20 % were seen on one run, a few % typical).
   GPipe's forward is checked too since the ranks keep glibc's heap between steps
-  (``_workers_pipeline._steady_malloc``): before, its 8 back-to-back forwards took page faults
+  (``_timing_pipeline._steady_malloc``): before, its 8 back-to-back forwards took page faults
   to regrow the heap every step and cost one rank up to 40 % more CPU time than the other;
   now 4-5 % was seen;
 * simulator fed the run's own per-action costs against the measured makespan: the median of
@@ -42,9 +42,10 @@ import pytest  # noqa: E402
 def test_balanced_bubble_two_ranks():
     import statistics
 
+    import _timing_pipeline as T
     import _workers_pipeline as W
 
-    runs = [W.measure_schedules(p=2, m=8) for _ in range(3)]  # medians of 3 launches
+    runs = [T.measure_schedules(p=2, m=8) for _ in range(3)]  # medians of 3 launches
     idle = {}
     for key in W.SCHEDULES:
         kind = key[0]
@@ -71,12 +72,13 @@ def test_events_are_busy_time_after_the_input_arrived():
     boundary tensor (activation or input gradient) on the neighbouring rank started. (Not
     before it *ended*: the producer's end is stamped after its ``isend`` returns, and the
     tensor can be in before that — a send call took milliseconds now and then.)"""
+    import _timing_pipeline as T
     import _workers_pipeline as W
     from shardlab.accounting.pipeline import Action
     from shardlab.runtime import launch
 
     p = 2
-    ranks = launch("_workers_pipeline:timed_all", p, 4, W.SCHEDULES, 1, quiet=True)
+    ranks = launch("_timing_pipeline:timed_all", p, 4, W.SCHEDULES, 1, quiet=True)
     checked = 0
     for key in W.SCHEDULES:
         ev = [rank[key][0] for rank in ranks]  # one measured step: (start, end, action, cpu)

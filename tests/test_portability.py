@@ -49,9 +49,9 @@ def test_cores_without_affinity_uses_cpu_count(monkeypatch):
 
 
 def _load_pipeline_workers():
-    path = REPO / "labs" / "05_pipeline" / "_workers_pipeline.py"
+    path = REPO / "labs" / "05_pipeline" / "_timing_pipeline.py"
     sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location("_workers_pipeline_portability", path)
+    spec = importlib.util.spec_from_file_location("_timing_pipeline_portability", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

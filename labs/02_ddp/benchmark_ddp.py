@@ -51,14 +51,12 @@ notebook shows the fast run). What holds, at both sizes and 2 or 4 ranks:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from shardlab.runtime.allocator_peak import allocator_peak  # noqa: E402
-from shardlab.testing import compare_launches, median_range  # noqa: E402
+# run as a script, Python puts this folder on sys.path; the ranks it launches find its
+# modules the same way (the launcher passes its sys.path on)
+from shardlab.runtime.allocator_peak import allocator_peak
+from shardlab.testing import compare_launches, median_range
 
 # Overrides of shardlab.models.SIZES["bench"] (vocab 256, seq 32, 4 layers, d_model 128).
 BENCH_SIZES: dict[str, dict[str, int]] = {

@@ -80,15 +80,13 @@ What limits the ratios above 1.0, measured:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from shardlab.benchresults import load_average, write_results  # noqa: E402
-from shardlab.runtime.allocator_peak import allocator_peak  # noqa: E402
-from shardlab.testing import bench_steps, compare_launches, median_range  # noqa: E402
+# run as a script, Python puts this folder on sys.path; the ranks it launches find its
+# modules the same way (the launcher passes its sys.path on)
+from shardlab.benchresults import load_average, write_results
+from shardlab.runtime.allocator_peak import allocator_peak
+from shardlab.testing import bench_steps, compare_launches, median_range
 
 # Overrides of shardlab.models.SIZES["bench"] (vocab 256, seq 32, 4 layers, d_model 128).
 BENCH_SIZES: dict[str, dict[str, int]] = {

@@ -11,7 +11,6 @@ import copy
 import math
 import os
 import signal
-import time
 
 import checkpoint as ckpt
 import torch
@@ -191,71 +190,4 @@ def try_load(cases) -> list[dict]:
         after = model.full_state_dict()
         same = all(torch.equal(before[n], after[n]) for n in before) and not opt.state
         out.append({"error": msg, "untouched": same})
-    return out
-
-
-def _median_seconds(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        dist.barrier()  # every rank starts together; the slowest rank sets the time
-        t0 = time.perf_counter()
-        fn()
-        dist.barrier()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
-
-
-def _fsdp2(**cfg):
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    model = make_model("plain", **cfg)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model, make_optimizer("adamw", model.parameters())
-
-
-def bench(ours_dir: str, dcp_dir: str, load: bool, repeats: int = 3, **cfg) -> dict:
-    """Median seconds of ``repeats`` saves (``load=False``, step-1 state) or loads of this
-    lab's checkpoint and of ``torch.distributed.checkpoint`` with FSDP2 (``fully_shard`` per
-    block and root) on the same model; loads work at any world size (resharding)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    out = {"world": dist.get_world_size()}
-    model, opt = fresh(**cfg)
-    train_step(model, opt, 1)
-    if load:
-        reports = []
-        out["ours_s"] = _median_seconds(
-            lambda: reports.append(ckpt.load_checkpoint(ours_dir, model, opt)), repeats
-        )
-        out["ours_read"] = reports[-1].bytes_read
-    else:
-        out["ours_s"] = _median_seconds(
-            lambda: ckpt.save_checkpoint(ours_dir, 1, model, opt), repeats
-        )
-    model2, opt2 = _fsdp2(**cfg)
-    x, y = make_batches(TOTAL)[0]
-    lm_loss(model2, rank_slice(x), rank_slice(y)).backward()
-    opt2.step()
-    opt2.zero_grad()
-
-    def dcp_save():
-        msd, osd = get_state_dict(model2, opt2)
-        dcp.save({"model": msd, "optim": osd, "rng": torch.get_rng_state()}, checkpoint_id=dcp_dir)
-
-    def dcp_load():
-        msd, osd = get_state_dict(model2, opt2)
-        state = {"model": msd, "optim": osd, "rng": torch.get_rng_state()}
-        dcp.load(state, checkpoint_id=dcp_dir)
-        set_state_dict(
-            model2, opt2, model_state_dict=state["model"], optim_state_dict=state["optim"]
-        )
-        torch.set_rng_state(state["rng"])
-
-    out["dcp_s"] = _median_seconds(dcp_load if load else dcp_save, repeats)
-    out["n_params"] = sum(p.numel() for p in make_model("plain", **cfg).parameters())
     return out

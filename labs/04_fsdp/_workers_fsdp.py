@@ -427,29 +427,6 @@ def extra_checks() -> dict | None:
     return None
 
 
-def benchmark(steps: int = 10, batch: int = 8, **cfg) -> dict | None:
-    """Step time (median) and peak live bytes: ours vs FSDP2 on the same model and data."""
-    from shardlab.runtime import MemoryTrace
-
-    x, y = make_batches(1, batch=batch, seed=11)[0]
-    x, y = rank_slice(x), rank_slice(y)
-    res = {"model": cfg}
-    for name in ("ours", "fsdp2"):
-        if name == "ours":
-            model, opt = train_fsdp("plain", "adamw", None, 0, **cfg)
-        else:
-            model, opt = train_fsdp2("plain", "adamw", 0, **cfg)
-        timed_steps(model, opt, x, y, 2)  # warm-up (Adam state allocated)
-        with MemoryTrace() as mt:
-            mt.watch(model, opt)
-            timed_steps(model, opt, x, y, 1)
-        times = sorted(timed_steps(model, opt, x, y, steps))
-        res[name] = {"step_s": times[len(times) // 2], "peak_bytes": mt.peak}
-    res["ratio_time"] = res["ours"]["step_s"] / res["fsdp2"]["step_s"]
-    res["ratio_peak"] = res["ours"]["peak_bytes"] / res["fsdp2"]["peak_bytes"]
-    return res if dist.get_rank() == 0 else None
-
-
 def lab_report() -> dict | None:
     """Everything the notebook shows, from one 2-rank launch (rank 0 returns it)."""
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -30,7 +30,6 @@ from _workers_fsdp import (
     named,
     reference_full,
     state_bytes,
-    timed_steps,
     traced_step,
 )
 from fsdp import FSDP, FSDPConfig
@@ -189,42 +188,3 @@ def train_fsdp2_hsdp(kind="plain", opt="adamw", steps=STEPS, mesh=None, **model_
         o.step()
         o.zero_grad()
     return model, o
-
-
-def benchmark(steps: int = 5, batch: int = 8, **cfg) -> dict | None:
-    """Ours vs FSDP2 HSDP in one launch: median step, peak live bytes, bytes per axis."""
-    from shardlab.runtime import MemoryTrace
-
-    mesh = hsdp_mesh()
-    R, S = mesh.size(0), mesh.size(1)
-    x, y = make_batches(1, batch=batch, seed=11)[0]
-    x, y = rank_slice(x), rank_slice(y)
-    res = {"model": cfg, "mesh": (R, S)}
-    res["N"] = sum(p.numel() for p in make_model("plain", **cfg).parameters())
-    for name in ("ours", "fsdp2"):
-        build = train_hsdp if name == "ours" else train_fsdp2_hsdp
-        model, opt = build("plain", "adamw", 0, mesh=mesh, **cfg)
-        timed_steps(model, opt, x, y, 2)  # warm-up (Adam state allocated)
-        with MemoryTrace() as mt:
-            mt.watch(model, opt)
-            timed_steps(model, opt, x, y, 1)
-        tr = traced_step(model, opt, x, y) if name == "ours" else _traced_fsdp2(model, opt, x, y)
-        times = sorted(timed_steps(model, opt, x, y, steps))
-        res[name] = {"step_s": times[len(times) // 2], "peak_bytes": mt.peak,
-                     **{k: v["bytes"] for k, v in axis_bytes(tr).items() if k != "other"}}
-        if name == "ours":
-            res["predicted"] = hierarchical.hsdp_step_volume(model.padded_numel, S, R, 4)
-        del model, opt
-    res["ratio_time"] = res["ours"]["step_s"] / res["fsdp2"]["step_s"]
-    res["ratio_peak"] = res["ours"]["peak_bytes"] / res["fsdp2"]["peak_bytes"]
-    return res if dist.get_rank() == 0 else None
-
-
-def _traced_fsdp2(model, opt, x, y):
-    from shardlab.runtime import CommTrace
-
-    with CommTrace() as tr:
-        lm_loss(model, x, y).backward()
-        opt.step()
-    opt.zero_grad()
-    return tr

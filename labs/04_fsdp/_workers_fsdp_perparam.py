@@ -21,7 +21,6 @@ from _workers_fsdp import (
     make_model,
     named,
     reference_split,
-    timed_steps,
     train_fsdp,
     train_fsdp2,
 )
@@ -285,43 +284,6 @@ def train_fsdp2_bf16(steps: int = STEPS) -> dict:
         o.step()
         o.zero_grad()
     return {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
-
-
-def benchmark(steps: int = 10, batch: int = 8, **cfg) -> dict | None:
-    """Median step time and peak live bytes: flat units, per-parameter and FSDP2."""
-    from shardlab.runtime import MemoryTrace
-
-    x, y = make_batches(1, batch=batch, seed=11)[0]
-    x, y = rank_slice(x), rank_slice(y)
-    builders = {
-        "flat": partial(train_fsdp, "plain", "adamw", None, 0),
-        "per-param": partial(train_pp, "plain", "adamw", None, 0),
-        "fsdp2": partial(train_fsdp2, "plain", "adamw", 0),
-        "floor": _compute_floor,  # the same model, batch and AdamW step, no communication
-    }
-    res = {"model": cfg, "N": sum(p.numel() for p in make_model("plain", **cfg).parameters())}
-    for name, build in builders.items():
-        model, opt = build(**cfg)
-        timed_steps(model, opt, x, y, 2)  # warm-up (Adam state allocated)
-        with MemoryTrace() as mt:
-            mt.watch(model, opt)
-            timed_steps(model, opt, x, y, 1)
-        times = sorted(timed_steps(model, opt, x, y, steps))
-        res[name] = {"step_s": times[len(times) // 2], "peak_bytes": mt.peak}
-        del model, opt
-    for name in ("flat", "per-param"):
-        res[name]["ratio_time"] = res[name]["step_s"] / res["fsdp2"]["step_s"]
-        res[name]["ratio_peak"] = res[name]["peak_bytes"] / res["fsdp2"]["peak_bytes"]
-    for name in ("flat", "per-param", "fsdp2"):  # against the limit: above 1 by what is exposed
-        res[name]["over_floor"] = res[name]["step_s"] / res["floor"]["step_s"]
-    return res if dist.get_rank() == 0 else None
-
-
-def _compute_floor(**cfg):
-    """The whole model on this rank, plain AdamW: the compute of a step with no collective
-    (what FSDP's gathers and reduce-scatters are measured against)."""
-    model = make_model("plain", **cfg)
-    return model, make_optimizer("adamw", model.parameters())
 
 
 def predicted_peak_pp(model: PerParamFSDP, world: int, cfg: PerParamConfig, batch: int, acts):

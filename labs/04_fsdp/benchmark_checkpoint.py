@@ -15,12 +15,90 @@ directory) sits on; times include fsync on our side, DCP's default writer fsyncs
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import tempfile
+import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checkpoint as ckpt
+import torch
+import torch.distributed as dist
+from _workers_checkpoint import TOTAL, fresh, train_step
+from _workers_fsdp import make_batches, make_model
+from shardlab.models import lm_loss, make_optimizer, rank_slice
+
+# run as a script, Python puts this folder on sys.path; the ranks it launches find these
+# modules the same way (the launcher passes its sys.path on)
+
+
+# ------------------------------------------------------------------ rank code
+def _median_seconds(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        dist.barrier()  # every rank starts together; the slowest rank sets the time
+        t0 = time.perf_counter()
+        fn()
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def _fsdp2(**cfg):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = make_model("plain", **cfg)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, make_optimizer("adamw", model.parameters())
+
+
+def bench(ours_dir: str, dcp_dir: str, load: bool, repeats: int = 3, **cfg) -> dict:
+    """Median seconds of ``repeats`` saves (``load=False``, step-1 state) or loads of this
+    lab's checkpoint and of ``torch.distributed.checkpoint`` with FSDP2 (``fully_shard`` per
+    block and root) on the same model; loads work at any world size (resharding)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    out = {"world": dist.get_world_size()}
+    model, opt = fresh(**cfg)
+    train_step(model, opt, 1)
+    if load:
+        reports = []
+        out["ours_s"] = _median_seconds(
+            lambda: reports.append(ckpt.load_checkpoint(ours_dir, model, opt)), repeats
+        )
+        out["ours_read"] = reports[-1].bytes_read
+    else:
+        out["ours_s"] = _median_seconds(
+            lambda: ckpt.save_checkpoint(ours_dir, 1, model, opt), repeats
+        )
+    model2, opt2 = _fsdp2(**cfg)
+    x, y = make_batches(TOTAL)[0]
+    lm_loss(model2, rank_slice(x), rank_slice(y)).backward()
+    opt2.step()
+    opt2.zero_grad()
+
+    def dcp_save():
+        msd, osd = get_state_dict(model2, opt2)
+        dcp.save({"model": msd, "optim": osd, "rng": torch.get_rng_state()}, checkpoint_id=dcp_dir)
+
+    def dcp_load():
+        msd, osd = get_state_dict(model2, opt2)
+        state = {"model": msd, "optim": osd, "rng": torch.get_rng_state()}
+        dcp.load(state, checkpoint_id=dcp_dir)
+        set_state_dict(
+            model2, opt2, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        torch.set_rng_state(state["rng"])
+
+    out["dcp_s"] = _median_seconds(dcp_load if load else dcp_save, repeats)
+    out["n_params"] = sum(p.numel() for p in make_model("plain", **cfg).parameters())
+    return out
+
+
+# ------------------------------------------------------------------ launch, files, print
 
 
 def dir_bytes(path: Path) -> tuple[int, int]:
@@ -51,8 +129,6 @@ def dcp_layout(path: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import checkpoint as ckpt
-    import torch
     from shardlab.accounting import checkpoint as acc
     from shardlab.runtime import launch
 
@@ -68,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = dict(d_model=a.d_model, n_layer=a.layers, vocab_size=a.vocab)
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
         ours_root, dcp_dir = Path(tmp) / "ours", Path(tmp) / "dcp"
-        fn = "_workers_checkpoint:bench"
+        fn = "benchmark_checkpoint:bench"
         save = launch(fn, a.save_ranks, str(ours_root), str(dcp_dir), False, a.repeats, **cfg,
                       quiet=True, timeout=600)
         path = ckpt.latest_checkpoint(ours_root)

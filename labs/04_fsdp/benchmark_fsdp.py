@@ -39,20 +39,112 @@ both axes carry its per-parameter padding (each parameter's dim 0 padded to a mu
 from __future__ import annotations
 
 import argparse
-import os
-import sys
+from functools import partial
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch.distributed as dist
+from _workers_fsdp import (
+    make_batches,
+    make_model,
+    timed_steps,
+    traced_step,
+    train_fsdp,
+    train_fsdp2,
+)
+from _workers_fsdp_hsdp import axis_bytes, hsdp_mesh, train_fsdp2_hsdp, train_hsdp
+from _workers_fsdp_perparam import train_pp
+from shardlab.accounting import hierarchical
+from shardlab.models import lm_loss, make_optimizer, rank_slice
+
+# run as a script, Python puts this folder on sys.path; the ranks it launches find these
+# modules the same way (the launcher passes its sys.path on)
 
 SIZES = {"25m": {"d_model": 512, "n_layer": 8}}  # "fast" comes from --d-model / --layers
 MODES = ("flat", "per-param", "fsdp2")
 
 
+# ------------------------------------------------------------------ rank code
+def benchmark(steps: int = 10, batch: int = 8, **cfg) -> dict | None:
+    """Median step time and peak live bytes: flat units, per-parameter and FSDP2."""
+    from shardlab.runtime import MemoryTrace
+
+    x, y = make_batches(1, batch=batch, seed=11)[0]
+    x, y = rank_slice(x), rank_slice(y)
+    builders = {
+        "flat": partial(train_fsdp, "plain", "adamw", None, 0),
+        "per-param": partial(train_pp, "plain", "adamw", None, 0),
+        "fsdp2": partial(train_fsdp2, "plain", "adamw", 0),
+        "floor": _compute_floor,  # the same model, batch and AdamW step, no communication
+    }
+    res = {"model": cfg, "N": sum(p.numel() for p in make_model("plain", **cfg).parameters())}
+    for name, build in builders.items():
+        model, opt = build(**cfg)
+        timed_steps(model, opt, x, y, 2)  # warm-up (Adam state allocated)
+        with MemoryTrace() as mt:
+            mt.watch(model, opt)
+            timed_steps(model, opt, x, y, 1)
+        times = sorted(timed_steps(model, opt, x, y, steps))
+        res[name] = {"step_s": times[len(times) // 2], "peak_bytes": mt.peak}
+        del model, opt
+    for name in ("flat", "per-param"):
+        res[name]["ratio_time"] = res[name]["step_s"] / res["fsdp2"]["step_s"]
+        res[name]["ratio_peak"] = res[name]["peak_bytes"] / res["fsdp2"]["peak_bytes"]
+    for name in ("flat", "per-param", "fsdp2"):  # against the limit: above 1 by what is exposed
+        res[name]["over_floor"] = res[name]["step_s"] / res["floor"]["step_s"]
+    return res if dist.get_rank() == 0 else None
+
+
+def _compute_floor(**cfg):
+    """The whole model on this rank, plain AdamW: the compute of a step with no collective
+    (what FSDP's gathers and reduce-scatters are measured against)."""
+    model = make_model("plain", **cfg)
+    return model, make_optimizer("adamw", model.parameters())
+
+
+def benchmark_hsdp(steps: int = 5, batch: int = 8, **cfg) -> dict | None:
+    """Ours vs FSDP2 HSDP in one launch: median step, peak live bytes, bytes per axis."""
+    from shardlab.runtime import MemoryTrace
+
+    mesh = hsdp_mesh()
+    R, S = mesh.size(0), mesh.size(1)
+    x, y = make_batches(1, batch=batch, seed=11)[0]
+    x, y = rank_slice(x), rank_slice(y)
+    res = {"model": cfg, "mesh": (R, S)}
+    res["N"] = sum(p.numel() for p in make_model("plain", **cfg).parameters())
+    for name in ("ours", "fsdp2"):
+        build = train_hsdp if name == "ours" else train_fsdp2_hsdp
+        model, opt = build("plain", "adamw", 0, mesh=mesh, **cfg)
+        timed_steps(model, opt, x, y, 2)  # warm-up (Adam state allocated)
+        with MemoryTrace() as mt:
+            mt.watch(model, opt)
+            timed_steps(model, opt, x, y, 1)
+        tr = traced_step(model, opt, x, y) if name == "ours" else _traced_fsdp2(model, opt, x, y)
+        times = sorted(timed_steps(model, opt, x, y, steps))
+        res[name] = {"step_s": times[len(times) // 2], "peak_bytes": mt.peak,
+                     **{k: v["bytes"] for k, v in axis_bytes(tr).items() if k != "other"}}
+        if name == "ours":
+            res["predicted"] = hierarchical.hsdp_step_volume(model.padded_numel, S, R, 4)
+        del model, opt
+    res["ratio_time"] = res["ours"]["step_s"] / res["fsdp2"]["step_s"]
+    res["ratio_peak"] = res["ours"]["peak_bytes"] / res["fsdp2"]["peak_bytes"]
+    return res if dist.get_rank() == 0 else None
+
+
+def _traced_fsdp2(model, opt, x, y):
+    from shardlab.runtime import CommTrace
+
+    with CommTrace() as tr:
+        lm_loss(model, x, y).backward()
+        opt.step()
+    opt.zero_grad()
+    return tr
+
+
+# ------------------------------------------------------------------ launch, print
 def run(size: str, ranks: int, steps: int, batch: int, cfg: dict) -> dict:
     from shardlab.runtime import launch
 
     return launch(
-        "_workers_fsdp_perparam:benchmark", ranks, steps=steps, batch=batch, **cfg, quiet=True
+        "benchmark_fsdp:benchmark", ranks, steps=steps, batch=batch, **cfg, quiet=True
     )[0]
 
 
@@ -72,7 +164,7 @@ def print_table(res: dict, size: str, ranks: int, batch: int, steps: int) -> Non
 def run_hsdp(steps: int, batch: int, cfg: dict) -> dict:
     from shardlab.runtime import launch
 
-    return launch("_workers_fsdp_hsdp:benchmark", 4, steps=steps, batch=batch, **cfg,
+    return launch("benchmark_fsdp:benchmark_hsdp", 4, steps=steps, batch=batch, **cfg,
                   quiet=True, timeout=600)[0]
 
 

@@ -9,10 +9,10 @@ would import what the first ``torch.optim.AdamW`` needs only to compute referenc
   accumulated in order, and the full batch): the ranks have paid for AdamW's imports already,
   the notebook's own process then never does;
 * :func:`timed_suite` serves the bubble, unbalanced-split and side-by-side sections:
-  ``balanced``: :func:`_workers_pipeline.timed_all` (``timed`` for every schedule) on the
+  ``balanced``: :func:`_timing_pipeline.timed_all` (``timed`` for every schedule) on the
   'timing' model, ``{(kind, v): events of each measured step}``; ``unbalanced``: the same for 1F1B with the
   blocks split ``layers`` (one block moved from the first stage to the second); ``bench``:
-  :func:`_workers_pipeline.benchmark` per schedule, ours beside ``torch.distributed.pipelining``
+  :func:`benchmark_pipeline.benchmark` per schedule, ours beside ``torch.distributed.pipelining``
   on the same stages and batch.
 
 Nothing here is used by the tests or the grader; ``benchmark_pipeline.py`` runs the longer
@@ -21,7 +21,9 @@ measurements (more microbatches and steps, several launches, medians).
 
 from __future__ import annotations
 
+import _timing_pipeline as T
 import _workers_pipeline as W
+import benchmark_pipeline as B
 import torch.distributed as dist
 from shardlab.accounting import pipeline as acc
 
@@ -58,7 +60,7 @@ def timed_suite(
 ) -> dict:
     """Run on 2 ranks: the balanced timing of ``schedules``, the unbalanced 1F1B, the
     benchmark rows (see the module docstring). Each rank returns its own events."""
-    balanced = W.timed_all(m, schedules, steps)
-    unbalanced = W.timed("1f1b", m, 1, steps=steps, layers=list(layers))
-    bench = [W.benchmark(k, m=bench_m, steps=bench_steps) for k, _ in schedules]
+    balanced = T.timed_all(m, schedules, steps)
+    unbalanced = T.timed("1f1b", m, 1, steps=steps, layers=list(layers))
+    bench = [B.benchmark(k, m=bench_m, steps=bench_steps) for k, _ in schedules]
     return {"balanced": balanced, "unbalanced": unbalanced, "bench": bench}

@@ -13,7 +13,7 @@ run) / ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV`` on the same V of two 
 rank (their orders are exactly ours, checked; DualPipe-V's overlapped F/B pairs run one after
 the other on both sides: PyTorch's runtime does so without an overlap callback). ``--kinds``
 picks a subset. Both sides share the processes, so the same thread count, core binding and glibc
-heap settings (``_workers_pipeline._timing_rank``) apply to both. Printed per run: the loss
+heap settings (``_timing_pipeline._timing_rank``) apply to both. Printed per run: the loss
 and gradient difference, the median step time (forward + backward of m microbatches, no
 optimizer), the peak of live tensor bytes of one step
 (``MemoryTrace``, rank 0) and the ratios ours / PyTorch (below 1.0: ours is faster or
@@ -36,7 +36,7 @@ action): its step time beside the measured one, and the share of the cores' time
 computed.
 
 Each rank uses one intra-op thread, and where every rank can have a core of its own, each
-rank's threads are bound to its core (``_workers_pipeline._pin_to_core``; ``SHARDLAB_PIN=0``
+rank's threads are bound to its core (``_timing_pipeline._pin_to_core``; ``SHARDLAB_PIN=0``
 turns that off). On a machine shared with other jobs, run it under the
 lock and, as root, with a raised priority (the stored numbers: ``flock
 /tmp/shardlab-heavy.lock nice -n -15 python benchmark_pipeline.py ...``).
@@ -45,13 +45,158 @@ lock and, as root, with a raised priority (the stored numbers: ``flock
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
+import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch
+import torch.distributed as dist
+from _timing_pipeline import _timing_rank
+from _workers_pipeline import _broadcast_loss, build, config, microbatches, rank_stages
+from pipeline import split_stages
+from shardlab.accounting import pipeline as acc
+from shardlab.models import GPT
 
+# run as a script, Python puts this folder on sys.path; the ranks it launches find these
+# modules the same way (the launcher passes its sys.path on)
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")
+
+
+# ------------------------------------------------------------------ rank code
+TORCH_SCHEDULES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+    "zb-h1": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
+    "dualpipev": "ScheduleDualPipeV",
+}
+
+
+def _torch_pipeline(cfg, kind, p, m, v):
+    """PyTorch's ``torch.distributed.pipelining`` on the same stages (a second model copy)."""
+    import torch.distributed.pipelining as pp
+    import torch.nn.functional as F
+
+    model = GPT(cfg, seed=0)
+    stages = split_stages(model, p, v)
+    r = dist.get_rank()
+    mine = [  # the same stages as ours, chunk by chunk (a V for zbv and dualpipev)
+        pp.PipelineStage(stages[k], k, p * v, torch.device("cpu"), group=dist.group.WORLD)
+        for k in rank_stages(kind, p, v, r)
+    ]
+
+    def loss_fn(logits, y):
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    cls = getattr(pp, TORCH_SCHEDULES[kind])
+    # these take a list of stages per rank (zb-h1: ScheduleInterleavedZeroBubble with a list
+    # of one stage, v = 1; the V schedules two stages, r and 2p-1-r)
+    multi = kind in ("interleaved", "zb-h1", *acc.V_KINDS)
+    sched = cls(mine if multi else mine[0], n_microbatches=m, loss_fn=loss_fn)
+    ids = {id(q) for st in mine for q in st.submod.parameters()}
+    named = {n: q for n, q in model.named_parameters() if id(q) in ids}
+    return sched, named, mine
+
+
+def benchmark(kind, m=8, size="bench", steps=5, n=None):
+    """Ours and PyTorch's step (forward + backward over ``m`` microbatches) on the same
+    ranks: median step time, peak live bytes (one traced step), loss and gradients.
+
+    The two sides alternate step by step (ours, theirs, theirs, ours, ...), so a burst of
+    load from another process hits both. zb-h1 runs PyTorch's
+    ``ScheduleInterleavedZeroBubble`` with one stage per rank (``v = 1``), whose action
+    order is exactly ``schedule("zb-h1", p, m)``; zbv and dualpipev run
+    ``ScheduleZBVZeroBubble`` / ``ScheduleDualPipeV`` on the same V of two stages per rank,
+    whose orders (DualPipe-V's overlapped pairs flattened to F then B, as its runtime runs
+    them) are exactly ours (checked: ``same_order``)."""
+    from shardlab.runtime import MemoryTrace
+
+    _timing_rank()  # both sides run in these threads: the same binding and heap for both
+    cfg, p = config(size), dist.get_world_size()
+    v = 2 if kind in ("interleaved", *acc.V_KINDS) else 1
+    n = n or 8 * m
+    r = dist.get_rank()
+    last = r == acc.stage_rank(p * v - 1, p, acc.placement(kind))  # p - 1, or 0 in a V
+    _, ours_named, ex = build(cfg, kind, p, m, v)
+    sched, theirs_named, _ = _torch_pipeline(cfg, kind, p, m, v)
+    same = None
+    if kind in ("zb-h1", *acc.V_KINDS):  # PyTorch's order (None = an idle slot) against ours
+        key = {"F": "F", "I": "BI", "W": "BW", "B": "B"}
+        chunk = {k: c for c, k in enumerate(rank_stages(kind, p, v, r))}
+        theirs_order = [
+            str(acc.Action(key[y.computation_type.value], y.microbatch_index, chunk[y.stage_index]))
+            for x in sched.pipeline_order[r]
+            if x is not None
+            for y in (x.sub_actions or (x,))  # DualPipe-V's overlapped pair: F, then B
+        ]
+        same = theirs_order == [str(x) for x in ex.actions]
+    xs, ys = microbatches(cfg, 0, n, m)
+    x, y = torch.cat(xs), torch.cat(ys)
+
+    def ours():
+        for q in ours_named.values():
+            q.grad = None
+        return ex.step(xs, ys)
+
+    def theirs():
+        for q in theirs_named.values():
+            q.grad = None
+        losses = []
+        if r == 0:
+            sched.step(x, target=y if last else None, losses=losses)
+        elif last:
+            sched.step(target=y, losses=losses)
+        else:
+            sched.step()
+        return torch.stack(losses).sum() / m if last else None
+
+    sides = {"ours": (ours, ours_named), "torch": (theirs, theirs_named)}
+    times: dict[str, list[float]] = {"ours": [], "torch": []}
+    loss = {}
+    for i in range(steps + 1):
+        order = ("ours", "torch") if i % 2 else ("torch", "ours")
+        for name in order:
+            dist.barrier()
+            t = time.perf_counter()
+            loss[name] = sides[name][0]()
+            dist.barrier()
+            if i:  # the first round warms up (PyTorch infers shapes on it)
+                times[name].append(time.perf_counter() - t)
+    out = {}
+    for name, (fn, named) in sides.items():
+        with MemoryTrace() as mt:
+            mt.watch(list(named.values()))
+            fn()
+        out[name] = {
+            "step_s": statistics.median(times[name]),
+            "peak_bytes": mt.peak,
+            "loss": _broadcast_loss(loss[name], p, kind, v),
+            "grads": {k: q.grad.clone() for k, q in named.items()},
+        }
+    full = {}
+    for name in ("ours", "torch"):  # every rank's gradients
+        parts = [None] * p
+        dist.all_gather_object(parts, out[name]["grads"])
+        full[name] = {k: t for part in parts for k, t in part.items()}
+    diff = max((full["ours"][k] - full["torch"][k]).abs().max().item() for k in full["ours"])
+    agree = [None] * p
+    dist.all_gather_object(agree, same)
+    return {
+        "kind": kind,
+        "torch_schedule": TORCH_SCHEDULES[kind],
+        "v": v,
+        "same_order": None if same is None else all(agree),
+        "ours_s": out["ours"]["step_s"],
+        "torch_s": out["torch"]["step_s"],
+        "ours_peak": out["ours"]["peak_bytes"],
+        "torch_peak": out["torch"]["peak_bytes"],
+        "loss_diff": abs(out["ours"]["loss"] - out["torch"]["loss"]).item(),
+        "grad_max_abs_diff": diff,
+    }
+
+
+def benchmark_all(kinds=("gpipe", "1f1b", "interleaved", "zb-h1", *acc.V_KINDS), m=8, steps=6):
+    return [benchmark(k, m=m, steps=steps) for k in kinds]
 
 
 def step_times(
@@ -63,7 +208,7 @@ def step_times(
     runs = []
     for i in range(repeats):
         rows = launch(
-            "_workers_pipeline:benchmark_all", ranks, kinds, m=m, steps=steps, quiet=True,
+            "benchmark_pipeline:benchmark_all", ranks, kinds, m=m, steps=steps, quiet=True,
             timeout=600,
         )[0]
         runs.append(rows)
@@ -92,11 +237,12 @@ def step_times(
 
 def bubble(ranks: list[int], repeats: int, m: int = 8, mb_size: int = 8, steps: int = 10) -> dict:
     """Balanced-stage idle fraction on each world size, ``repeats`` launches each."""
+    import _timing_pipeline as T
     import _workers_pipeline as W
 
     out = {}
     for p in ranks:
-        reps = [W.measure_schedules(p=p, m=m, n=m * mb_size, steps=steps) for _ in range(repeats)]
+        reps = [T.measure_schedules(p=p, m=m, n=m * mb_size, steps=steps) for _ in range(repeats)]
         out[p] = reps
         print(
             f"\n{p} ranks, m = {m} microbatches of {mb_size} sequences, 'timing' model: "

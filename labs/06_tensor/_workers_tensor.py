@@ -12,7 +12,6 @@ import torch
 import torch.distributed as dist
 from shardlab.accounting import activations, comm
 from shardlab.runtime import CommTrace, MemoryTrace
-from shardlab.testing import interleaved_times
 from tensor import TPGroups
 from tensor_block import (
     ParallelBlock,
@@ -307,52 +306,6 @@ def all_reduce_if_sp(p, groups):
     from tensor import all_reduce
 
     return all_reduce(p.grad, groups) if getattr(p, "sequence_parallel", False) else p.grad
-
-
-def benchmark(steps: int = 10, sp: bool = False, batch: int = 4, **model_kw) -> dict | None:
-    """Median step time (forward + backward + SGD step of the block stack) and peak live
-    bytes of one step (MemoryTrace): ours vs DTensor ``parallelize_module``, same blocks."""
-    model = ModelConfig(**model_kw)
-    t = dist.get_world_size()
-    groups = TPGroups.from_world(t)
-    gen = torch.Generator().manual_seed(11)
-    x = torch.randn(batch, model.seq, model.h, generator=gen)
-    w = torch.randn(batch, model.seq, model.h, generator=gen)
-    if sp:
-        x, w = (z.chunk(t, dim=1)[groups.tp_rank].contiguous() for z in (x, w))
-    res: dict = {"model": model_kw, "batch": batch, "sp": sp, "t": t}
-    outs, steps_of = {}, {}
-    for name in ("ours", "dtensor"):
-        blocks = our_stack(model, sp, groups) if name == "ours" else dtensor_stack(model, sp)
-        opt = torch.optim.SGD(blocks.parameters(), lr=1e-3)
-        xi = x.clone().requires_grad_()
-
-        def step(blocks=blocks, opt=opt, xi=xi, ours=name == "ours"):
-            opt.zero_grad()
-            y = xi
-            for blk in blocks:
-                y = blk(y, SEED)
-            (y * w).sum().backward()
-            if sp and ours:
-                sync_sequence_parallel_grads(blocks, groups)
-            opt.step()
-            return y
-
-        outs[name] = step().detach()  # first step: the outputs compared below
-        step()  # warm-up
-        with MemoryTrace() as mt:
-            mt.watch(blocks, opt)
-            step()
-        res[name] = {"peak_bytes": mt.peak}
-        steps_of[name] = step
-    # interleaved, so that load from other processes hits both alike
-    times = interleaved_times(steps_of, steps)
-    for name, ts in times.items():
-        res[name]["step_s"] = sorted(ts)[len(ts) // 2]
-    res["max_abs_output"] = _maxdiff(outs["ours"], outs["dtensor"])
-    res["ratio_time"] = res["ours"]["step_s"] / res["dtensor"]["step_s"]
-    res["ratio_peak"] = res["ours"]["peak_bytes"] / res["dtensor"]["peak_bytes"]
-    return res if dist.get_rank() == 0 else None
 
 
 def loss_comm(model: ModelConfig = MODEL) -> dict:

@@ -19,6 +19,7 @@ weight gradient. Max |difference| is reported; the notebook compares it with its
 from __future__ import annotations
 
 import _workers_tensor as W
+import benchmark_tensor as B
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -260,6 +261,6 @@ def walk_report() -> dict | None:
         "comm": _section(W.comm_rows),
         "activations": _section(W.activation_rows),
         "dtensor": _section(W.dtensor_rows),
-        "benchmark": [_section(W.benchmark, BENCH_STEPS, sp, 4, **BENCH) for sp in (False, True)],
+        "benchmark": [_section(B.benchmark, BENCH_STEPS, sp, 4, **BENCH) for sp in (False, True)],
     }
     return rep if dist.get_rank() == 0 else None

@@ -24,16 +24,71 @@ into sharding propagation and redistribution bookkeeping on every operator.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch
+import torch.distributed as dist
+from _workers_tensor import SEED, _maxdiff, dtensor_stack, our_stack
+from shardlab.runtime import MemoryTrace
+from shardlab.testing import interleaved_times
+from tensor import TPGroups
+from tensor_block import sync_sequence_parallel_grads
+from tensor_reference import ModelConfig
+
+# run as a script, Python puts this folder on sys.path; the ranks it launches find these
+# modules the same way (the launcher passes its sys.path on)
 
 
+# ------------------------------------------------------------------ rank code
+def benchmark(steps: int = 10, sp: bool = False, batch: int = 4, **model_kw) -> dict | None:
+    """Median step time (forward + backward + SGD step of the block stack) and peak live
+    bytes of one step (MemoryTrace): ours vs DTensor ``parallelize_module``, same blocks."""
+    model = ModelConfig(**model_kw)
+    t = dist.get_world_size()
+    groups = TPGroups.from_world(t)
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(batch, model.seq, model.h, generator=gen)
+    w = torch.randn(batch, model.seq, model.h, generator=gen)
+    if sp:
+        x, w = (z.chunk(t, dim=1)[groups.tp_rank].contiguous() for z in (x, w))
+    res: dict = {"model": model_kw, "batch": batch, "sp": sp, "t": t}
+    outs, steps_of = {}, {}
+    for name in ("ours", "dtensor"):
+        blocks = our_stack(model, sp, groups) if name == "ours" else dtensor_stack(model, sp)
+        opt = torch.optim.SGD(blocks.parameters(), lr=1e-3)
+        xi = x.clone().requires_grad_()
+
+        def step(blocks=blocks, opt=opt, xi=xi, ours=name == "ours"):
+            opt.zero_grad()
+            y = xi
+            for blk in blocks:
+                y = blk(y, SEED)
+            (y * w).sum().backward()
+            if sp and ours:
+                sync_sequence_parallel_grads(blocks, groups)
+            opt.step()
+            return y
+
+        outs[name] = step().detach()  # first step: the outputs compared below
+        step()  # warm-up
+        with MemoryTrace() as mt:
+            mt.watch(blocks, opt)
+            step()
+        res[name] = {"peak_bytes": mt.peak}
+        steps_of[name] = step
+    # interleaved, so that load from other processes hits both alike
+    times = interleaved_times(steps_of, steps)
+    for name, ts in times.items():
+        res[name]["step_s"] = sorted(ts)[len(ts) // 2]
+    res["max_abs_output"] = _maxdiff(outs["ours"], outs["dtensor"])
+    res["ratio_time"] = res["ours"]["step_s"] / res["dtensor"]["step_s"]
+    res["ratio_peak"] = res["ours"]["peak_bytes"] / res["dtensor"]["peak_bytes"]
+    return res if dist.get_rank() == 0 else None
+
+
+# ------------------------------------------------------------------ launch, print
 def main(argv: list[str] | None = None) -> list[dict]:
     from shardlab.runtime import launch
     from tensor_block import TPConfig
-    from tensor_reference import ModelConfig
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=2)
@@ -52,7 +107,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"{'':14}{'ours ms':>9}{'DTensor ms':>12}{'time ratio':>12}{'ours peak':>12}"
           f"{'DTensor peak':>14}{'peak ratio':>12}{'max |out diff|':>16}")
     for sp in (False, True):
-        r = launch("_workers_tensor:benchmark", a.ranks, a.steps, sp, a.batch, **model,
+        r = launch("benchmark_tensor:benchmark", a.ranks, a.steps, sp, a.batch, **model,
                    quiet=True)[0]
         results.append(r)
         o, d = r["ours"], r["dtensor"]

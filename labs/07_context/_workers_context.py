@@ -241,35 +241,6 @@ def hidden_report() -> dict:
     return {"runs": runs, "work": work, "memory": mem, "sub": sub}
 
 
-def benchmark(cfg: CPConfig, repeats: int = 5) -> dict:
-    """Median fwd+bwd seconds of ring and all-gather attention on this rank, and (rank 0) of
-    full single-process SDPA over the whole sequence with the same thread count."""
-    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    c, r = dist.get_world_size(), dist.get_rank()
-    x = make_inputs(cfg)
-    mine = {n: ra.shard(t, r, c, cfg.zigzag) for n, t in x.items()}
-    out = {}
-    for variant in ("ring", "all_gather"):
-        times = []
-        for _ in range(repeats + 1):  # no CommTrace here: plain ops only
-            q, k, v = (mine[n].detach().requires_grad_(True) for n in "qkv")
-            dist.barrier()
-            t0 = time.perf_counter()
-            VARIANTS[variant](q, k, v, None, cfg.causal, cfg.zigzag).backward(mine["dout"])
-            times.append(time.perf_counter() - t0)
-        out[variant] = med(times[1:])
-    dist.barrier()
-    if dist.get_rank() == 0:
-        times = []
-        for _ in range(repeats + 1):
-            t0 = time.perf_counter()
-            reference(cfg)
-            times.append(time.perf_counter() - t0)
-        out["sdpa_full"] = med(times[1:])
-    dist.barrier()
-    return out
-
-
 def balance(s: int = 512, repeats: int = 3) -> dict:
     """Per-rank causal ring compute (seconds, score elements) without and with zig-zag."""
     c = dist.get_world_size()

@@ -16,14 +16,51 @@ rank than one process does for the whole sequence.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
+import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ring_attention as ra
+import torch.distributed as dist
+from _workers_context import VARIANTS, make_inputs, reference
+from ring_attention import CPConfig
+
+# run as a script, Python puts this folder on sys.path; the ranks it launches find these
+# modules the same way (the launcher passes its sys.path on)
+
+
+# ------------------------------------------------------------------ rank code
+def benchmark(cfg: CPConfig, repeats: int = 5) -> dict:
+    """Median fwd+bwd seconds of ring and all-gather attention on this rank, and (rank 0) of
+    full single-process SDPA over the whole sequence with the same thread count."""
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    c, r = dist.get_world_size(), dist.get_rank()
+    x = make_inputs(cfg)
+    mine = {n: ra.shard(t, r, c, cfg.zigzag) for n, t in x.items()}
+    out = {}
+    for variant in ("ring", "all_gather"):
+        times = []
+        for _ in range(repeats + 1):  # no CommTrace here: plain ops only
+            q, k, v = (mine[n].detach().requires_grad_(True) for n in "qkv")
+            dist.barrier()
+            t0 = time.perf_counter()
+            VARIANTS[variant](q, k, v, None, cfg.causal, cfg.zigzag).backward(mine["dout"])
+            times.append(time.perf_counter() - t0)
+        out[variant] = med(times[1:])
+    dist.barrier()
+    if dist.get_rank() == 0:
+        times = []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            reference(cfg)
+            times.append(time.perf_counter() - t0)
+        out["sdpa_full"] = med(times[1:])
+    dist.barrier()
+    return out
+
+
+# ------------------------------------------------------------------ launch, print
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from ring_attention import CPConfig
     from shardlab.runtime import launch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -40,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
         s=a.seq, c=a.ranks, heads=a.heads, kv_heads=a.kv_heads, head_dim=a.head_dim,
         causal=not a.no_causal, zigzag=a.zigzag,
     )
-    res = launch("_workers_context:benchmark", a.ranks, cfg, a.repeats, quiet=True, timeout=600)
+    res = launch("benchmark_context:benchmark", a.ranks, cfg, a.repeats, quiet=True, timeout=600)
     full = res[0]["sdpa_full"]
     print(f"{cfg}, median of {a.repeats} forward+backward passes")
     print(f"{'':28}{'ms (slowest rank)':>18}{'ratio to SDPA':>15}")

@@ -23,14 +23,84 @@ three times and both ratios.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import moe as M
+import torch
+import torch.distributed as dist
+from _workers_expert import _err, global_batch, reference_moe
+
+# run as a script, Python puts this folder on sys.path; the ranks it launches find these
+# modules the same way (the launcher passes its sys.path on)
 
 
+# ------------------------------------------------------------------ rank code
+class TorchAllToAll:
+    """PyTorch's own autograd-aware all-to-all, in place of the student's ``AllToAllRows``."""
+
+    @staticmethod
+    def apply(x, in_splits, out_splits, group=None):
+        from torch.distributed import _functional_collectives as funcol
+
+        out = funcol.all_to_all_single_autograd(
+            x, list(out_splits), list(in_splits), group or dist.group.WORLD
+        )
+        return funcol.wait_tensor(out) if hasattr(out, "wait") else out
+
+
+def benchmark(cfg: M.MoEConfig, tokens_per_rank: int, steps: int = 20, warmup: int = 3) -> dict:
+    """Median forward+backward time of three MoE layers on the same tokens, alternating.
+
+    ``mine``: ``moe_forward`` with ``AllToAllRows`` (``dist.all_to_all_single``); ``torch``:
+    the same layer with PyTorch's ``all_to_all_single_autograd`` swapped in; ``single``: the
+    single-process reference on all ``ep * T`` tokens, timed on rank 0 while the others wait.
+    """
+    import statistics
+    import time
+
+    torch.set_num_threads(1)
+    rank, t = dist.get_rank(), tokens_per_rank
+    params = M.init_params(cfg, 0)
+    x_full = global_batch(cfg, t, 0, torch.float32)
+    x = x_full[rank * t : (rank + 1) * t]
+    mine = M.local_experts(params, cfg, rank)
+    own = M.AllToAllRows
+    times = {"mine": [], "torch": []}
+    outs = {}
+    for i in range(warmup + steps):
+        for impl in ("mine", "torch"):
+            M.AllToAllRows = own if impl == "mine" else TorchAllToAll
+            try:
+                dist.barrier()
+                t0 = time.perf_counter()
+                xi = x.clone().requires_grad_()
+                y, aux, _ = M.moe_forward(xi, mine, cfg)
+                (y.sum() + aux).backward()
+                dt = time.perf_counter() - t0
+            finally:
+                M.AllToAllRows = own
+            outs[impl] = (y.detach(), xi.grad)
+            if i >= warmup:
+                times[impl].append(dt)
+    res = {k: statistics.median(v) for k, v in times.items()}
+    res["max_abs_diff"] = max(_err(a, b) for a, b in zip(outs["mine"], outs["torch"]))
+    dist.barrier()
+    if rank == 0:
+        single = []
+        for i in range(warmup + steps):
+            t0 = time.perf_counter()
+            ref_p = {n: p.clone().requires_grad_() for n, p in params.items()}
+            xr = x_full.clone().requires_grad_()
+            y, aux, _, _ = reference_moe(xr, ref_p, cfg)
+            (y.sum() + aux).backward()
+            if i >= warmup:
+                single.append(time.perf_counter() - t0)
+        res["single"] = statistics.median(single)
+    dist.barrier()
+    return res
+
+
+# ------------------------------------------------------------------ launch, print
 def main(argv: list[str] | None = None) -> list[dict]:
-    from moe import MoEConfig
     from shardlab.runtime import launch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -43,9 +113,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--capacity-factor", type=float, default=1.25)
     a = ap.parse_args(argv)
     # bad sizes fail here, naming the values, before any rank starts
-    cfg = MoEConfig(hidden=a.hidden, ffn=2 * a.hidden, num_experts=a.experts, top_k=a.top_k,
+    cfg = M.MoEConfig(hidden=a.hidden, ffn=2 * a.hidden, num_experts=a.experts, top_k=a.top_k,
                     capacity_factor=a.capacity_factor, ep=a.ranks)
-    res = launch("_workers_expert:benchmark", a.ranks, cfg, a.tokens, a.steps, quiet=True,
+    res = launch("benchmark_expert:benchmark", a.ranks, cfg, a.tokens, a.steps, quiet=True,
                  timeout=600)
     print(f"MoE h={cfg.hidden} f={cfg.ffn} E={cfg.num_experts} k={cfg.top_k} "
           f"cf={cfg.capacity_factor}, ep={cfg.ep} ranks x T={a.tokens} tokens, fp32, gloo, "

@@ -18,7 +18,7 @@ from _cases_combined import (
 )
 from combined import build_axis_groups, fsdp_tp_backward, fsdp_tp_model
 from shardlab.accounting.mesh import Mesh
-from tensor_reference import ModelConfig, SerialGPT, make_batch
+from tensor_reference import ModelConfig, SerialGPT
 
 
 # ----------------------------------------------------------------- PyTorch: FSDP2 + DTensor
@@ -90,45 +90,3 @@ def pytorch_check(steps: int = STEPS) -> dict | None:
     return {"names_match": set(full) == set(ref) == set(ours),
             "max_abs_param": max(diff.values()), "worst_param": max(diff, key=diff.get),
             "max_abs_vs_ours": max(vs_ours.values())}
-
-
-def benchmark(steps: int = 10, batch: int = 8, **model_kw) -> dict | None:
-    """Median step time (forward, backward, gradient synchronisation, AdamW) and the peak of
-    live tensor bytes of one step (MemoryTrace): ours vs FSDP2 + DTensor on the same 2x2 mesh,
-    model and data. ``batch`` is global (``batch / dp`` per dp rank)."""
-    from shardlab.runtime import MemoryTrace
-    from shardlab.testing import interleaved_times
-
-    cfg = ModelConfig(**{**TP_MODEL.__dict__, **model_kw})
-    mesh = Mesh(**FSDP_TP_MESH)
-    ag = build_axis_groups(mesh)
-    idx, tgt = (_dp_slice(z, ag.coords.dp, mesh.dp) for z in make_batch(cfg, batch, seed=11))
-    res: dict = {"model": model_kw, "batch": batch, "mesh": FSDP_TP_MESH}
-    runs = {}
-    for name in ("ours", "pytorch"):
-        if name == "ours":
-            model = fsdp_tp_model(SerialGPT(cfg), ag)
-            fn = fsdp_tp_backward
-        else:
-            model = pytorch_fsdp_tp_model(cfg)
-            fn = pytorch_backward
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-        def step(model=model, opt=opt, fn=fn):
-            fn(model, idx, tgt)
-            opt.step()
-            opt.zero_grad()
-
-        step()
-        step()  # warm-up: AdamW state exists
-        with MemoryTrace() as mt:
-            mt.watch(model, opt)
-            step()
-        res[name] = {"peak_bytes": mt.peak}
-        runs[name] = step
-    times = interleaved_times(runs, steps)  # interleaved: other processes' load hits both alike
-    for name, ts in times.items():
-        res[name]["step_s"] = sorted(ts)[len(ts) // 2]
-    res["ratio_time"] = res["ours"]["step_s"] / res["pytorch"]["step_s"]
-    res["ratio_peak"] = res["ours"]["peak_bytes"] / res["pytorch"]["peak_bytes"]
-    return res if dist.get_rank() == 0 else None

@@ -22,10 +22,64 @@ so ours is several times faster; the peaks are within a few per cent of each oth
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _earlier  # noqa: F401  (labs 04, 05 and 06 by file)
+import torch
+import torch.distributed as dist
+from _cases_combined import FSDP_TP_MESH, TP_MODEL, _dp_slice
+from _pytorch_combined import pytorch_backward, pytorch_fsdp_tp_model
+from combined import build_axis_groups, fsdp_tp_backward, fsdp_tp_model
+from shardlab.accounting.mesh import Mesh
+from tensor_reference import ModelConfig, SerialGPT, make_batch
+
+# run as a script, Python puts this folder on sys.path; the ranks it launches find these
+# modules the same way (the launcher passes its sys.path on)
+
+
+# ------------------------------------------------------------------ rank code
+def benchmark(steps: int = 10, batch: int = 8, **model_kw) -> dict | None:
+    """Median step time (forward, backward, gradient synchronisation, AdamW) and the peak of
+    live tensor bytes of one step (MemoryTrace): ours vs FSDP2 + DTensor on the same 2x2 mesh,
+    model and data. ``batch`` is global (``batch / dp`` per dp rank)."""
+    from shardlab.runtime import MemoryTrace
+    from shardlab.testing import interleaved_times
+
+    cfg = ModelConfig(**{**TP_MODEL.__dict__, **model_kw})
+    mesh = Mesh(**FSDP_TP_MESH)
+    ag = build_axis_groups(mesh)
+    idx, tgt = (_dp_slice(z, ag.coords.dp, mesh.dp) for z in make_batch(cfg, batch, seed=11))
+    res: dict = {"model": model_kw, "batch": batch, "mesh": FSDP_TP_MESH}
+    runs = {}
+    for name in ("ours", "pytorch"):
+        if name == "ours":
+            model = fsdp_tp_model(SerialGPT(cfg), ag)
+            fn = fsdp_tp_backward
+        else:
+            model = pytorch_fsdp_tp_model(cfg)
+            fn = pytorch_backward
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step(model=model, opt=opt, fn=fn):
+            fn(model, idx, tgt)
+            opt.step()
+            opt.zero_grad()
+
+        step()
+        step()  # warm-up: AdamW state exists
+        with MemoryTrace() as mt:
+            mt.watch(model, opt)
+            step()
+        res[name] = {"peak_bytes": mt.peak}
+        runs[name] = step
+    times = interleaved_times(runs, steps)  # interleaved: other processes' load hits both alike
+    for name, ts in times.items():
+        res[name]["step_s"] = sorted(ts)[len(ts) // 2]
+    res["ratio_time"] = res["ours"]["step_s"] / res["pytorch"]["step_s"]
+    res["ratio_peak"] = res["ours"]["peak_bytes"] / res["pytorch"]["peak_bytes"]
+    return res if dist.get_rank() == 0 else None
+
+
+# ------------------------------------------------------------------ launch, print
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -38,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, default=8)
     a = ap.parse_args(argv)
     res = launch(
-        "_pytorch_combined:benchmark", 4, steps=a.steps, batch=a.batch, h=a.h,
+        "benchmark_combined:benchmark", 4, steps=a.steps, batch=a.batch, h=a.h,
         ffn=4 * a.h, layers=a.layers, quiet=True, timeout=600,
     )[0]
     print(f"model {res['model']}, 2x2 mesh (dp x tp), global batch {a.batch}, "
