@@ -72,7 +72,6 @@ def test_events_are_busy_time_after_the_input_arrived():
     boundary tensor (activation or input gradient) on the neighbouring rank started. (Not
     before it *ended*: the producer's end is stamped after its ``isend`` returns, and the
     tensor can be in before that — a send call took milliseconds now and then.)"""
-    import _timing_pipeline as T
     import _workers_pipeline as W
     from shardlab.accounting.pipeline import Action
     from shardlab.runtime import launch

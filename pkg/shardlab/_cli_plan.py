@@ -17,7 +17,8 @@ PLAN_OPTIONS = (
     "gpu_memory_gb", "gpus_per_node", "alpha_intra_us", "beta_intra_gbps", "alpha_inter_us",
     "beta_inter_gbps", "peak_tflops", "hbm_tbps", "efficiency", "reserve", "max_bubble",
     "microbatch", "recipe", "recipe_bytes", "gated", "dropout", "norm", "causal", "sp",
-    "tied_embeddings", "embedding_in_split", "hsdp", "experts", "top_k", "top", "mark",
+    "tied_embeddings", "embedding_in_split", "hsdp", "offload", "pcie_gbps", "host_gbps",
+    "experts", "top_k", "top", "mark",
 )
 
 
@@ -155,6 +156,16 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         help="also rank hybrid-sharded layouts (ZeRO-1/2/3 sharded over part of the data axis, "
         "replicated over the rest; default on)",
     )
+    p.add_argument(
+        "--offload", action=argparse.BooleanOptionalAction, default=None,
+        help="ZeRO-Offload: ZeRO-1/2 layouts keep master weights and Adam moments on the host "
+        "(off the GPU's peak) and pay PCIe transfers and a host-speed update each step "
+        "(default off)",
+    )
+    p.add_argument("--pcie-gbps", type=_number, default=None,
+                   help="GB/s each way between a GPU and its host, for --offload (default 25)")
+    p.add_argument("--host-gbps", type=_number, default=None,
+                   help="GB/s of host memory the offloaded update streams (default 100)")
     p.add_argument(
         "--mark", default=None, metavar="FIELDS",
         help="layouts to locate in the ranking, e.g. 't=8,c=1,p=16,D=128' (fields D t p c ep "

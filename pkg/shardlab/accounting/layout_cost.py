@@ -15,6 +15,7 @@ the cost does not grow with the layer count.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -65,6 +66,20 @@ def _layer_times(model: ModelShape, cl, t: int, c: int, b: int, ep: int, causal:
 @functools.lru_cache(maxsize=65536)
 def _state_total(n: int, dp: int, layout: str, recipe) -> float:
     return model_state(n, dp, layout, recipe).total
+
+
+def _offloaded(n: int, dp: int, layout: str, o: _Opts, cl) -> hierarchical.Offload:
+    """ZeRO-Offload of this rank's ``n`` parameters sharded ``dp`` ways
+    (:func:`.hierarchical.offload_step`): the sharded master weights and moments leave the
+    device (``host_bytes``, taken from the recipe in place of mixed Adam's 12 bytes), and the
+    step pays the gradient shard down and the weights up over PCIe, plus the update at host
+    speed instead of device speed (``added_seconds``; not overlapped, the bound of a run
+    that does not hide it behind the backward)."""
+    st = model_state(n, dp, layout, o.recipe)
+    host = sum(st.per_object[k] for k in ("master", "moment1", "moment2"))
+    off = hierarchical.offload_step(n, dp, o.pcie_bandwidth, o.host_bandwidth,
+                                    cl.hbm_bandwidth or 3e12)
+    return dataclasses.replace(off, host_bytes=host)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -207,19 +222,23 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
             if splits and dp_t >= fastest:
                 continue
             fastest = min(fastest, dp_t)
-            state = {}  # persistent state per stage
+            state = {}  # persistent state per stage (on the device)
+            offload_s = 0.0  # seconds offloading adds to the step (the busier stage's)
             for stage, _ in stages:
                 n_dense = st_layers[stage] * dense_l + (model.embedding_params / t
                                                         if stage == 0 else 0)
                 if stage == p - 1:  # the head, or with tied embeddings a copy of the embedding
                     tied_copy = model.embedding_params if model.tied_embeddings and p > 1 else 0
                     n_dense += (model.head_params + tied_copy) / t
-                st = _state_total(max(1, round(n_dense)), D * c // reps, layout_name, o.recipe)
+                parts = [(max(1, round(n_dense)), D * c // reps)]
                 if exp_l:
-                    st += _state_total(round(st_layers[stage] * exp_l), edp // reps,
-                                       layout_name, o.recipe)
-                state[stage] = st
-            splits.append((reps, links, dp_t, dp_b, state))
+                    parts.append((round(st_layers[stage] * exp_l), edp // reps))
+                state[stage] = sum(_state_total(n, d, layout_name, o.recipe) for n, d in parts)
+                if o.offload and zero in (1, 2):  # ZeRO-Offload: the optimizer side on the host
+                    off = [_offloaded(n, d, layout_name, o, cl) for n, d in parts]
+                    state[stage] -= sum(x.host_bytes for x in off)
+                    offload_s = max(offload_s, sum(x.added_seconds for x in off))
+            splits.append((reps, links, dp_t, dp_b, state, offload_s))
         for rc in recs:
             a_l, scratch, r_flops, t_r, hw_flops = per_rec[rc]
             mb = 3 * fwd + r_flops  # one microbatch's compute
@@ -239,7 +258,7 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
                         break
                     fit = split
                 chosen += [fit] if fit is not None else []
-            for reps, links, dp_t, dp_b, state in chosen:
+            for reps, links, dp_t, dp_b, state, offload_s in chosen:
                 lay = Layout(D, t, p, c, ep, zero, rc, m, vv, sp, reshard, reps)
                 best = (-1.0, {}, "")
                 for stage, sname in stages:
@@ -263,6 +282,8 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
                 bub = bubble_time(kind, p, costs, vv) + (fill_time if p > 1 else 0.0)
                 times = {"compute": m * (t_f + t_b), "recompute": m * t_r, "bubble": bub}
                 times.update({f"exposed_{a}": rl[a].exposed for a in AXES})
+                if o.offload:  # every candidate of an offloading plan has the term (0: none)
+                    times["offload"] = offload_s
                 step = sum(times.values())
                 out.append(Candidate(lay, terms, peak, sname, budget, rl, times, step,
                                      mfu(model_flops, step, G, pk_f), n_tok / step,

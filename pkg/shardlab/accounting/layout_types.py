@@ -231,10 +231,14 @@ class _Opts:
     q: float
     causal: bool
     embedding_in_split: bool = False
+    offload: bool = False  # ZeRO-1/2: master weights and moments on the host (ZeRO-Offload)
+    pcie_bandwidth: float = 25e9  # bytes/s each way between a GPU and its host
+    host_bandwidth: float = 100e9  # bytes/s of the host memory the optimizer step streams
 
 
 def _check_opts(global_batch, microbatch, recipe, reserve, max_bubble, q, causal,
-                embedding_in_split: bool = False) -> _Opts:
+                embedding_in_split: bool = False, offload: bool = False,
+                pcie_bandwidth: float = 25e9, host_bandwidth: float = 100e9) -> _Opts:
     batch = chk.positive_int("global_batch", global_batch)
     b = chk.positive_int("microbatch", microbatch)
     get_recipe(recipe)
@@ -245,4 +249,6 @@ def _check_opts(global_batch, microbatch, recipe, reserve, max_bubble, q, causal
     if mb > 1:
         raise ValueError(f"max_bubble={max_bubble!r} must be an idle fraction in [0, 1]")
     return _Opts(batch, b, recipe, res, mb, chk.number("q", q), chk.flag("causal", causal),
-                 chk.flag("embedding_in_split", embedding_in_split))
+                 chk.flag("embedding_in_split", embedding_in_split), chk.flag("offload", offload),
+                 chk.number("pcie_bandwidth", pcie_bandwidth),
+                 chk.number("host_bandwidth", host_bandwidth))

@@ -126,15 +126,19 @@ def evaluate(
     q: float = 2,
     causal: bool = True,
     embedding_in_split: bool = False,
+    offload: bool = False,
+    pcie_bandwidth: float = 25e9,
+    host_bandwidth: float = 100e9,
 ) -> Candidate | Rejection:
     """Check and cost one layout (module docstring); a :class:`Rejection` says why not.
+    ``offload``, ``pcie_bandwidth``, ``host_bandwidth``: as in :func:`plan`.
 
     ``layout.m`` must equal ``global_batch / (D b)`` (the planner derives it); ``layout.sp``
     says whether sequence parallelism is on (``t = 1``: ignored). ``embedding_in_split``: the
     embedding and the head count as one layer each when the layers are split into stages."""
     _check_inputs(model, cluster)
     o = _check_opts(global_batch, microbatch, recipe, reserve, max_bubble, q, causal,
-                    embedding_in_split)
+                    embedding_in_split, offload, pcie_bandwidth, host_bandwidth)
     lay = layout
     if not isinstance(lay, Layout):
         raise ValueError(f"layout={lay!r} must be a Layout")
@@ -208,7 +212,8 @@ class Plan:
 
     def compare(self, better: Candidate, worse: Candidate) -> dict[str, float]:
         """Seconds per step by which each time term of ``worse`` exceeds ``better``'s."""
-        return {k: worse.times[k] - better.times[k] for k in better.times}
+        keys = dict.fromkeys([*better.times, *worse.times])  # an evaluate() may add a term
+        return {k: worse.times.get(k, 0.0) - better.times.get(k, 0.0) for k in keys}
 
     def explain(self, cand: Candidate, against: Candidate | None = None, terms: int = 3) -> str:
         """One sentence: where ``cand`` ranks and which time terms put ``against`` (default:
@@ -242,6 +247,9 @@ def plan(
     sp: bool | None = None,
     embedding_in_split: bool = False,
     hsdp: bool = True,
+    offload: bool = False,
+    pcie_bandwidth: float = 25e9,
+    host_bandwidth: float = 100e9,
 ) -> Plan:
     """Enumerate, check and rank layouts of ``model`` on ``cluster`` (module docstring).
 
@@ -253,11 +261,16 @@ def plan(
     parallelism on/off, ``None`` takes it wherever ``t`` divides ``s / c``;
     ``embedding_in_split`` counts the embedding and the head as one layer each of the stage
     partition (the first and the last stage then hold one transformer layer fewer); ``hsdp``
-    also costs each geometry's hybrid-sharded layouts (ZeRO-1/2/3 sharded inside a node).
+    also costs each geometry's hybrid-sharded layouts (ZeRO-1/2/3 sharded inside a node);
+    ``offload`` costs every ZeRO-1/2 layout with ZeRO-Offload: the master weights and moments
+    of the rank's shard on the host (not in the device peak), and per step the gradient shard
+    down and the weights up at ``pcie_bandwidth`` plus the update at ``host_bandwidth``
+    instead of the device's (:func:`.hierarchical.offload_step`), added to the step as the
+    ``offload`` time (ZeRO-0 and ZeRO-3 are costed as without it).
     """
     _check_inputs(model, cluster)
     o = _check_opts(global_batch, microbatch, recipe, reserve, max_bubble, q, causal,
-                    embedding_in_split)
+                    embedding_in_split, offload, pcie_bandwidth, host_bandwidth)
     max_c = chk.positive_int("max_cp", max_cp)
     min_s = chk.positive_int("min_local_seq", min_local_seq)
     if sp is not None:
@@ -294,6 +307,8 @@ def plan(
     settings = {"microbatch": o.b, "recipe": recipe_name, "reserve": o.reserve,
                 "max_bubble": o.max_bubble, "q": o.q, "causal": o.causal, "max_cp": max_c,
                 "min_local_seq": min_s, "sp": sp, "embedding_in_split": o.embedding_in_split,
-                "hsdp": hsdp,
+                "hsdp": hsdp, "offload": o.offload,
+                **({"pcie_bandwidth": o.pcie_bandwidth, "host_bandwidth": o.host_bandwidth}
+                   if o.offload else {}),
                 "budget_bytes": cluster.gpu_memory * (1 - o.reserve)}
     return Plan(model, cluster, o.batch, tuple(feasible), tuple(rejected), settings)

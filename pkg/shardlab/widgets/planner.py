@@ -81,6 +81,9 @@ def planner_report(
     tied_embeddings: bool = False,
     embedding_in_split: bool = False,
     hsdp: bool = True,
+    offload: bool = False,
+    pcie_gbps: Any = 25.0,
+    host_gbps: Any = 100.0,
     recipe_bytes: Any = None,
     experts: Any = 1,
     top_k: Any = 1,
@@ -90,10 +93,12 @@ def planner_report(
     """Rank the layouts of a model on a cluster; units: GB = 10^9 bytes, µs, GB/s, TFLOP/s,
     TB/s (``hbm_tbps``: HBM bandwidth of the per-GEMM roofline; 0 = every GEMM at the cap
     ``efficiency``). ``sp``: ``"auto"`` (on where ``t`` divides ``s/c``), ``"on"``, ``"off"``;
-    ``recipe_bytes``: ``"W,G,M,M1,M2"`` bytes per parameter (replaces ``recipe``)."""
+    ``recipe_bytes``: ``"W,G,M,M1,M2"`` bytes per parameter (replaces ``recipe``);
+    ``offload``: ZeRO-1/2 layouts with their master weights and moments on the host, over a
+    PCIe link of ``pcie_gbps`` and host memory of ``host_gbps`` (GB/s)."""
     args = dict(locals())
     text = ("recipe", "gated", "dropout", "norm", "mark", "causal", "sp", "tied_embeddings",
-            "embedding_in_split", "recipe_bytes", "hsdp")
+            "embedding_in_split", "recipe_bytes", "hsdp", "offload")
     num = {k: parse_number(k, x) for k, x in args.items() if k not in text}
     if sp not in SP_CHOICES:
         raise ValueError(f"sp={sp!r} is not one of {', '.join(SP_CHOICES)}")
@@ -118,7 +123,8 @@ def planner_report(
     marks = parse_mark(mark)
     pl = acc.plan(model, cluster, num["global_batch"], num["microbatch"], custom or recipe,
                   num["reserve"], num["max_bubble"], causal=causal, sp=SP_CHOICES[sp],
-                  embedding_in_split=embedding_in_split, hsdp=hsdp)
+                  embedding_in_split=embedding_in_split, hsdp=hsdp, offload=offload,
+                  pcie_bandwidth=num["pcie_gbps"] * 1e9, host_bandwidth=num["host_gbps"] * 1e9)
     shown = list(pl.feasible[:n_top])
     marked = []
     for fields in marks:
@@ -154,6 +160,13 @@ def planner_report(
         f"(a s² b saved without recomputation); with SP, full recomputation keeps the layer "
         f"input split t ways.",
     ]
+    if offload:
+        notes.append(
+            f"ZeRO-Offload on: every ZeRO-1/2 layout keeps its master weights and moments on "
+            f"the host (not in the peak) and pays, per step, its gradient shard down and its "
+            f"weights up over PCIe at {num['pcie_gbps']:g} GB/s plus the update at "
+            f"{num['host_gbps']:g} GB/s of host memory (the 'offload' time, not overlapped; "
+            f"accounting.hierarchical.offload_step).")
     marked_data = []
     for fields, best, rej in marked:
         label = ", ".join(f"{k}={v}" for k, v in fields.items())
