@@ -24,6 +24,7 @@ into sharding propagation and redistribution bookkeeping on every operator.
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -39,9 +40,42 @@ from tensor_reference import ModelConfig
 
 
 # ------------------------------------------------------------------ rank code
+@contextlib.contextmanager
+def _no_comm(t: int):
+    """The compute floor: ``tensor.py``'s three collectives replaced by no-ops of the right
+    shapes (an all-reduce returns its input's copy, an all-gather of (b, s/t, h) shards ``t``
+    copies of this rank's shard, a reduce-scatter this rank's slice), so the blocks do exactly
+    their per-rank computation -- the same GEMMs on the same shapes -- and move nothing."""
+    import tensor
+    import tensor_block
+
+    saved = (tensor.all_reduce, tensor.all_gather_seq, tensor.reduce_scatter_seq,
+             tensor_block.all_reduce)
+
+    def reduce(x, groups):
+        return x.contiguous().clone()
+
+    def gather(x, groups):  # (b, s/t, h) -> (b, s, h)
+        return x.repeat(1, t, 1)
+
+    def scatter(x, groups):  # (b, s, h) -> (b, s/t, h)
+        b, s, h = x.shape
+        return x[:, : s // t].contiguous()
+
+    tensor.all_reduce, tensor.all_gather_seq, tensor.reduce_scatter_seq = reduce, gather, scatter
+    tensor_block.all_reduce = reduce
+    try:
+        yield
+    finally:
+        (tensor.all_reduce, tensor.all_gather_seq, tensor.reduce_scatter_seq,
+         tensor_block.all_reduce) = saved
+
+
 def benchmark(steps: int = 10, sp: bool = False, batch: int = 4, **model_kw) -> dict | None:
     """Median step time (forward + backward + SGD step of the block stack) and peak live
-    bytes of one step (MemoryTrace): ours vs DTensor ``parallelize_module``, same blocks."""
+    bytes of one step (MemoryTrace): ours vs DTensor ``parallelize_module``, same blocks; and
+    the compute floor (ours with every collective a no-op of the right shape, :func:`_no_comm`):
+    ``over_floor`` is each side's step over it, the share communication leaves exposed."""
     model = ModelConfig(**model_kw)
     t = dist.get_world_size()
     groups = TPGroups.from_world(t)
@@ -52,20 +86,21 @@ def benchmark(steps: int = 10, sp: bool = False, batch: int = 4, **model_kw) -> 
         x, w = (z.chunk(t, dim=1)[groups.tp_rank].contiguous() for z in (x, w))
     res: dict = {"model": model_kw, "batch": batch, "sp": sp, "t": t}
     outs, steps_of = {}, {}
-    for name in ("ours", "dtensor"):
-        blocks = our_stack(model, sp, groups) if name == "ours" else dtensor_stack(model, sp)
+    for name in ("ours", "dtensor", "floor"):
+        blocks = dtensor_stack(model, sp) if name == "dtensor" else our_stack(model, sp, groups)
         opt = torch.optim.SGD(blocks.parameters(), lr=1e-3)
         xi = x.clone().requires_grad_()
 
-        def step(blocks=blocks, opt=opt, xi=xi, ours=name == "ours"):
-            opt.zero_grad()
-            y = xi
-            for blk in blocks:
-                y = blk(y, SEED)
-            (y * w).sum().backward()
-            if sp and ours:
-                sync_sequence_parallel_grads(blocks, groups)
-            opt.step()
+        def step(blocks=blocks, opt=opt, xi=xi, ours=name != "dtensor", floor=name == "floor"):
+            with _no_comm(t) if floor else contextlib.nullcontext():
+                opt.zero_grad()
+                y = xi
+                for blk in blocks:
+                    y = blk(y, SEED)
+                (y * w).sum().backward()
+                if sp and ours:
+                    sync_sequence_parallel_grads(blocks, groups)
+                opt.step()
             return y
 
         outs[name] = step().detach()  # first step: the outputs compared below
@@ -82,6 +117,8 @@ def benchmark(steps: int = 10, sp: bool = False, batch: int = 4, **model_kw) -> 
     res["max_abs_output"] = _maxdiff(outs["ours"], outs["dtensor"])
     res["ratio_time"] = res["ours"]["step_s"] / res["dtensor"]["step_s"]
     res["ratio_peak"] = res["ours"]["peak_bytes"] / res["dtensor"]["peak_bytes"]
+    for name in ("ours", "dtensor"):  # against the limit: above 1 by what is exposed
+        res[name]["over_floor"] = res[name]["step_s"] / res["floor"]["step_s"]
     return res if dist.get_rank() == 0 else None
 
 
@@ -114,6 +151,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"{'TP + SP' if sp else 'TP':14}{o['step_s'] * 1e3:9.1f}{d['step_s'] * 1e3:12.1f}"
               f"{r['ratio_time']:12.2f}{o['peak_bytes']:12,d}{d['peak_bytes']:14,d}"
               f"{r['ratio_peak']:12.3f}{r['max_abs_output']:16.1e}")
+        print(f"{'':14}compute floor (collectives as no-ops): {r['floor']['step_s'] * 1e3:.1f} ms;"
+              f" step / floor: ours {o['over_floor']:.2f}, DTensor {d['over_floor']:.2f}")
     return results
 
 

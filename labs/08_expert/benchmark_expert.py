@@ -47,12 +47,37 @@ class TorchAllToAll:
         return funcol.wait_tensor(out) if hasattr(out, "wait") else out
 
 
+def _fit_rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x`` cut or zero-padded to ``n`` rows (a new tensor)."""
+    if n <= x.shape[0]:
+        return x[:n].clone()
+    return torch.cat([x, x.new_zeros((n - x.shape[0], *x.shape[1:]))])
+
+
+class NoCommAllToAll(torch.autograd.Function):
+    """The compute floor's all-to-all: no bytes move, but the result has the rows a real one
+    would deliver (``sum(out_splits)``; this rank's own rows, cut or zero-padded), so every
+    local expert multiplies exactly the tokens it would receive; backward likewise."""
+
+    @staticmethod
+    def forward(ctx, x, in_splits, out_splits, group=None):
+        ctx.rows = x.shape[0]
+        return _fit_rows(x, sum(out_splits))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _fit_rows(grad, ctx.rows), None, None, None
+
+
 def benchmark(cfg: M.MoEConfig, tokens_per_rank: int, steps: int = 20, warmup: int = 3) -> dict:
     """Median forward+backward time of three MoE layers on the same tokens, alternating.
 
     ``mine``: ``moe_forward`` with ``AllToAllRows`` (``dist.all_to_all_single``); ``torch``:
-    the same layer with PyTorch's ``all_to_all_single_autograd`` swapped in; ``single``: the
+    the same layer with PyTorch's ``all_to_all_single_autograd`` swapped in; ``floor``: the
+    same layer with :class:`NoCommAllToAll` (the compute floor: the rows' all-to-alls move
+    nothing; the routing's all-gather of ``ep x E`` counts stays); ``single``: the
     single-process reference on all ``ep * T`` tokens, timed on rank 0 while the others wait.
+    ``over_floor``: ours and PyTorch's time over the floor's.
     """
     import statistics
     import time
@@ -64,11 +89,12 @@ def benchmark(cfg: M.MoEConfig, tokens_per_rank: int, steps: int = 20, warmup: i
     x = x_full[rank * t : (rank + 1) * t]
     mine = M.local_experts(params, cfg, rank)
     own = M.AllToAllRows
-    times = {"mine": [], "torch": []}
+    times = {"mine": [], "torch": [], "floor": []}
+    swap = {"mine": own, "torch": TorchAllToAll, "floor": NoCommAllToAll}
     outs = {}
     for i in range(warmup + steps):
-        for impl in ("mine", "torch"):
-            M.AllToAllRows = own if impl == "mine" else TorchAllToAll
+        for impl in ("mine", "torch", "floor"):
+            M.AllToAllRows = swap[impl]
             try:
                 dist.barrier()
                 t0 = time.perf_counter()
@@ -83,6 +109,7 @@ def benchmark(cfg: M.MoEConfig, tokens_per_rank: int, steps: int = 20, warmup: i
                 times[impl].append(dt)
     res = {k: statistics.median(v) for k, v in times.items()}
     res["max_abs_diff"] = max(_err(a, b) for a, b in zip(outs["mine"], outs["torch"]))
+    res["over_floor"] = {k: res[k] / res["floor"] for k in ("mine", "torch")}
     dist.barrier()
     if rank == 0:
         single = []
@@ -125,6 +152,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for r, m in enumerate(res):
         print(f"{r:>4}{m['mine'] * 1e3:10.1f}{m['torch'] * 1e3:14.1f}"
               f"{m['mine'] / m['torch']:12.2f}{m['max_abs_diff']:12.1e}")
+    for r, m in enumerate(res):
+        print(f"rank {r}: compute floor (the rows' all-to-alls as no-ops) {m['floor'] * 1e3:.1f} ms;"
+              f" step / floor: ours {m['over_floor']['mine']:.2f}, "
+              f"PyTorch {m['over_floor']['torch']:.2f}")
     slowest = max(m["mine"] for m in res)
     single = res[0]["single"]
     print(
