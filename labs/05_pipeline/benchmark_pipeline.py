@@ -17,7 +17,10 @@ heap settings (``_timing_pipeline._timing_rank``) apply to both. Printed per run
 and gradient difference, the median step time (forward + backward of m microbatches, no
 optimizer), the peak of live tensor bytes of one step
 (``MemoryTrace``, rank 0) and the ratios ours / PyTorch (below 1.0: ours is faster or
-smaller); then, over the ``--repeats`` launches, the median time ratio and its range.
+smaller); the compute floor (each rank's chunks run forward and backward on every microbatch
+with no send, receive or wait; the slowest rank's) and both sides' step over it, i.e. what
+the pipeline's communication and bubble add; then, over the ``--repeats`` launches, the
+median time ratio and its range.
 
 **Bubble.** ``--bubble`` runs the four schedules on ``--ranks`` ranks with the lab's 'timing'
 model (8 equal blocks of h = 128; the embeddings and the head cost under 1 % of a stage),
@@ -98,6 +101,24 @@ def _torch_pipeline(cfg, kind, p, m, v):
     return sched, named, mine
 
 
+def _floor_step(chunks, xs, ys, m: int, d_model: int) -> None:
+    """The compute floor of one step on this rank: every local chunk's forward and backward of
+    every microbatch, on inputs of the right shapes (token ids for the first stage, a random
+    (b, s, h) activation elsewhere; the loss on the last, a ones gradient elsewhere) -- no
+    send, no receive, no wait for a neighbour: what the step would cost without the pipeline's
+    communication and bubble."""
+    from pipeline import microbatch_loss
+
+    for x, y in zip(xs, ys):
+        for ch in chunks:
+            inp = x if ch.first else torch.randn(*x.shape, d_model, requires_grad=True)
+            out = ch(inp)
+            if ch.last:
+                microbatch_loss(out, y, m).backward()
+            else:
+                out.backward(torch.ones_like(out))
+
+
 def benchmark(kind, m=8, size="bench", steps=5, n=None):
     """Ours and PyTorch's step (forward + backward over ``m`` microbatches) on the same
     ranks: median step time, peak live bytes (one traced step), loss and gradients.
@@ -108,7 +129,9 @@ def benchmark(kind, m=8, size="bench", steps=5, n=None):
     order is exactly ``schedule("zb-h1", p, m)``; zbv and dualpipev run
     ``ScheduleZBVZeroBubble`` / ``ScheduleDualPipeV`` on the same V of two stages per rank,
     whose orders (DualPipe-V's overlapped pairs flattened to F then B, as its runtime runs
-    them) are exactly ours (checked: ``same_order``)."""
+    them) are exactly ours (checked: ``same_order``). ``floor_s``: the median of the same
+    rank's computation without any communication (:func:`_floor_step`), timed between the
+    two; ``*_over_floor``: each side's step over the slowest rank's floor."""
     from shardlab.runtime import MemoryTrace
 
     _timing_rank()  # both sides run in these threads: the same binding and heap for both
@@ -150,12 +173,27 @@ def benchmark(kind, m=8, size="bench", steps=5, n=None):
             sched.step()
         return torch.stack(losses).sum() / m if last else None
 
+    mine_floor, floor_named, _ = build(cfg, kind, p, m, v)  # a third copy, never sent
+
+    def floor():
+        for q in floor_named.values():
+            q.grad = None
+        _floor_step(mine_floor, xs, ys, m, cfg.d_model)
+
     sides = {"ours": (ours, ours_named), "torch": (theirs, theirs_named)}
-    times: dict[str, list[float]] = {"ours": [], "torch": []}
+    times: dict[str, list[float]] = {"ours": [], "torch": [], "floor": []}
     loss = {}
     for i in range(steps + 1):
-        order = ("ours", "torch") if i % 2 else ("torch", "ours")
+        order = ("ours", "floor", "torch") if i % 2 else ("torch", "floor", "ours")
         for name in order:
+            if name == "floor":
+                dist.barrier()
+                t = time.perf_counter()
+                floor()
+                dt = time.perf_counter() - t
+                if i:
+                    times["floor"].append(dt)
+                continue
             dist.barrier()
             t = time.perf_counter()
             loss[name] = sides[name][0]()
@@ -181,7 +219,13 @@ def benchmark(kind, m=8, size="bench", steps=5, n=None):
     diff = max((full["ours"][k] - full["torch"][k]).abs().max().item() for k in full["ours"])
     agree = [None] * p
     dist.all_gather_object(agree, same)
+    floor_t = torch.tensor([statistics.median(times["floor"])], dtype=torch.float64)
+    dist.all_reduce(floor_t, op=dist.ReduceOp.MAX)  # the slowest rank's floor bounds the step
+    floor_s = floor_t.item()
     return {
+        "floor_s": floor_s,
+        "ours_over_floor": out["ours"]["step_s"] / floor_s,
+        "torch_over_floor": out["torch"]["step_s"] / floor_s,
         "kind": kind,
         "torch_schedule": TORCH_SCHEDULES[kind],
         "v": v,
@@ -215,7 +259,8 @@ def step_times(
         print(f"run {i + 1}: {ranks} ranks, m = {m}, median of {steps} steps (model 'bench')")
         print(
             f"{'ours':12}{'PyTorch':52}{'ours ms':>9}{'torch ms':>10}{'time ratio':>11}"
-            f"{'peak ratio':>11}{'|d loss|':>10}{'|d grad|':>10}"
+            f"{'peak ratio':>11}{'|d loss|':>10}{'|d grad|':>10}{'floor ms':>10}"
+            f"{'ours/floor':>11}{'torch/floor':>12}"
         )
         for r in rows:
             same = "" if r["same_order"] is None else f", same order: {r['same_order']}"
@@ -224,6 +269,8 @@ def step_times(
                 f"{r['kind']:12}{name:52}{r['ours_s'] * 1e3:9.1f}{r['torch_s'] * 1e3:10.1f}"
                 f"{r['ours_s'] / r['torch_s']:11.2f}{r['ours_peak'] / r['torch_peak']:11.3f}"
                 f"{r['loss_diff']:10.1e}{r['grad_max_abs_diff']:10.1e}"
+                f"{r['floor_s'] * 1e3:10.1f}{r['ours_over_floor']:11.2f}"
+                f"{r['torch_over_floor']:12.2f}"
             )
     print(f"\ntime ratio ours / PyTorch over {repeats} runs: median (min-max)")
     for j, kind in enumerate(kinds):
