@@ -44,9 +44,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "AdamW's 'step' is a CPU float32 scalar unless capturable/fused (as torch.optim.AdamW)"
     ),
     ("labs/05_pipeline/_workers_pipeline.py", "_broadcast_loss", "zeros"): _CPU_TEST,
-    ("labs/05_pipeline/_workers_pipeline.py", "timed", "tensor"): _CPU_TEST,
+    ("labs/05_pipeline/_timing_pipeline.py", "timed", "tensor"): _CPU_TEST,
     ("labs/06_tensor/_workers_tensor.py", "_block_inputs", "randn"): _SEEDED,
-    ("labs/06_tensor/_workers_tensor.py", "benchmark", "randn"): _SEEDED,
     ("labs/06_tensor/_workers_tensor.py", "loss_comm", "randn"): _SEEDED,
     ("labs/06_tensor/_workers_tensor.py", "operator_rows.inputs", "randn"): _SEEDED,
     ("labs/06_tensor/tensor_reference.py", "dropout_mask", "rand"): (
