@@ -369,12 +369,14 @@ def memory_rows(world: int) -> list[dict]:
     return rows, timelines
 
 
-def train_fsdp2(kind: str, opt: str, steps: int = STEPS, **cfg):
-    """The same training with PyTorch FSDP2: one fully_shard per block plus the root."""
+def train_fsdp2(kind: str, opt: str, steps: int = STEPS, mesh=None, **cfg):
+    """The same training with PyTorch FSDP2: one fully_shard per block plus the root, over
+    ``mesh`` (default: every rank on one axis; a 2-D ``(replicate, shard)`` mesh is HSDP)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    if mesh is None:
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     model = make_model(kind, **cfg)
     for block in model.blocks:
         fully_shard(block, mesh=mesh)

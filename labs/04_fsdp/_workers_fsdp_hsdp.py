@@ -31,6 +31,7 @@ from _workers_fsdp import (
     reference_full,
     state_bytes,
     traced_step,
+    train_fsdp2,
 )
 from fsdp import FSDP, FSDPConfig
 from shardlab.accounting import hierarchical, memory
@@ -175,16 +176,4 @@ def extra_hsdp() -> dict | None:
 
 def train_fsdp2_hsdp(kind="plain", opt="adamw", steps=STEPS, mesh=None, **model_cfg):
     """PyTorch FSDP2 on the same 2-D mesh: ``fully_shard`` per block and the root (HSDP)."""
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = mesh or hsdp_mesh()
-    model = make_model(kind, **model_cfg)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    o = make_optimizer(opt, model.parameters())
-    for x, y in make_batches(steps):
-        lm_loss(model, rank_slice(x), rank_slice(y)).backward()
-        o.step()
-        o.zero_grad()
-    return model, o
+    return train_fsdp2(kind, opt, steps, mesh=mesh or hsdp_mesh(), **model_cfg)

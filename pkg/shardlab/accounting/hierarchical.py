@@ -186,11 +186,13 @@ def offload_step(
     slack_seconds: float = 0.0,
     low_bytes: int = 2,
     update_bytes_per_param: int = 32,
+    host_bytes_per_param: float = 12,
 ) -> Offload:
     """ZeRO-Offload of ``n_params`` over ``dp`` ranks (ZeRO-2 gradient sharding).
 
     Device: ``2 low_bytes N`` (weights and gradients in bf16/fp16, replicated weights,
-    as in ZeRO-Offload). Host per rank: ``12 N / dp`` (fp32 master, two moments). PCIe per
+    as in ZeRO-Offload). Host per rank: ``host_bytes_per_param N / dp`` (mixed Adam's 12: fp32
+    master, two moments; a recipe's master + moments in general). PCIe per
     step: the ``low_bytes N / dp`` gradient shard down and the same updated weights up,
     ``2 low_bytes N / dp``, at ``pcie_bandwidth``. Adam is memory-bound: it reads and writes
     ``update_bytes_per_param`` bytes per parameter (master, moments, gradient), taking
@@ -209,12 +211,13 @@ def offload_step(
     slack = v.nonneg_number("slack_seconds", slack_seconds)
     lb = v.positive_int("low_bytes", low_bytes)
     ub = v.positive_int("update_bytes_per_param", update_bytes_per_param)
+    hb = v.nonneg_number("host_bytes_per_param", host_bytes_per_param)
     shard = n / d
     pcie_b = 2 * lb * shard
     pcie_s, host_s, dev_s = pcie_b / pcie, ub * shard / host, ub * shard / dev
     return Offload(
         device_bytes=2 * lb * n,
-        host_bytes=12 * shard,
+        host_bytes=hb * shard,
         pcie_bytes=pcie_b,
         pcie_seconds=pcie_s,
         host_update_seconds=host_s,

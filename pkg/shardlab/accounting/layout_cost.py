@@ -15,7 +15,6 @@ the cost does not grow with the layer count.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -68,18 +67,16 @@ def _state_total(n: int, dp: int, layout: str, recipe) -> float:
     return model_state(n, dp, layout, recipe).total
 
 
-def _offloaded(n: int, dp: int, layout: str, o: _Opts, cl) -> hierarchical.Offload:
+def _offloaded(n: int, dp: int, o: _Opts, cl) -> hierarchical.Offload:
     """ZeRO-Offload of this rank's ``n`` parameters sharded ``dp`` ways
-    (:func:`.hierarchical.offload_step`): the sharded master weights and moments leave the
-    device (``host_bytes``, taken from the recipe in place of mixed Adam's 12 bytes), and the
-    step pays the gradient shard down and the weights up over PCIe, plus the update at host
-    speed instead of device speed (``added_seconds``; not overlapped, the bound of a run
-    that does not hide it behind the backward)."""
-    st = model_state(n, dp, layout, o.recipe)
-    host = sum(st.per_object[k] for k in ("master", "moment1", "moment2"))
-    off = hierarchical.offload_step(n, dp, o.pcie_bandwidth, o.host_bandwidth,
-                                    cl.hbm_bandwidth or 3e12)
-    return dataclasses.replace(off, host_bytes=host)
+    (:func:`.hierarchical.offload_step`, with the recipe's master + moment bytes on the host):
+    ``host_bytes`` leave the device, ``added_seconds`` (PCIe both ways, the update at host
+    speed instead of device speed) join the step, not overlapped -- the bound of a run that
+    does not hide them behind the backward."""
+    rec = get_recipe(o.recipe)
+    return hierarchical.offload_step(n, dp, o.pcie_bandwidth, o.host_bandwidth,
+                                     cl.hbm_bandwidth or 3e12,
+                                     host_bytes_per_param=rec.master + rec.moment1 + rec.moment2)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -235,7 +232,7 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
                     parts.append((round(st_layers[stage] * exp_l), edp // reps))
                 state[stage] = sum(_state_total(n, d, layout_name, o.recipe) for n, d in parts)
                 if o.offload and zero in (1, 2):  # ZeRO-Offload: the optimizer side on the host
-                    off = [_offloaded(n, d, layout_name, o, cl) for n, d in parts]
+                    off = [_offloaded(n, d, o, cl) for n, d in parts]
                     state[stage] -= sum(x.host_bytes for x in off)
                     offload_s = max(offload_s, sum(x.added_seconds for x in off))
             splits.append((reps, links, dp_t, dp_b, state, offload_s))

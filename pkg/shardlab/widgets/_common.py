@@ -288,3 +288,15 @@ def build_calculator(
     box.update = update
     update()
     return box
+
+
+def start_values(report: Callable[..., Any], values: dict[str, Any], name: str) -> dict[str, Any]:
+    """A calculator's starting values: ``report``'s keyword defaults, overridden by ``values``
+    (the calculator's own keyword arguments); a name the report does not take is refused."""
+    import inspect
+
+    defaults = {k: x.default for k, x in inspect.signature(report).parameters.items()}
+    unknown = sorted(set(values) - set(defaults))
+    if unknown:
+        raise TypeError(f"{name}: no field {', '.join(unknown)}")
+    return {**defaults, **values}

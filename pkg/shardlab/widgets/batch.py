@@ -24,6 +24,7 @@ from ._common import (
     fmt_num,
     html_report,
     parse_number,
+    start_values,
     svg_loglog,
 )
 
@@ -134,15 +135,9 @@ def render_batch(**kwargs: Any) -> str:
 def batch_calculator(**values: Any):
     """Interactive batch calculator (ipywidgets VBox; ``.update()``): :func:`batch_report`'s
     keyword arguments as its starting values (its defaults otherwise)."""
-    import inspect
-
     import ipywidgets as w
 
-    defaults = {k: x.default for k, x in inspect.signature(batch_report).parameters.items()}
-    unknown = sorted(set(values) - set(defaults))
-    if unknown:
-        raise TypeError(f"batch_calculator: no field {', '.join(unknown)}")
-    start = {**defaults, **values}
+    start = start_values(batch_report, values, "batch_calculator")
     controls: dict[str, Any] = {
         k: w.IntText(value=int(start[k]), description=LABELS[k])
         for k in ("global_batch", "seq_len", "microbatch", "gpus", "model_ranks")

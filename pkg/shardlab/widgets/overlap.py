@@ -29,6 +29,7 @@ from ._common import (
     fmt_time,
     html_report,
     parse_number,
+    start_values,
     svg_loglog,
 )
 
@@ -225,15 +226,9 @@ def render_overlap(**kwargs: Any) -> str:
 def overlap_calculator(**values: Any):
     """Interactive compute-versus-communication calculator (ipywidgets VBox; ``.update()``):
     :func:`overlap_report`'s keyword arguments as its starting values (its defaults otherwise)."""
-    import inspect
-
     import ipywidgets as w
 
-    defaults = {k: x.default for k, x in inspect.signature(overlap_report).parameters.items()}
-    unknown = sorted(set(values) - set(defaults))
-    if unknown:
-        raise TypeError(f"overlap_calculator: no field {', '.join(unknown)}")
-    start = {**defaults, **values}
+    start = start_values(overlap_report, values, "overlap_calculator")
     controls: dict[str, Any] = {
         "n_params": w.Text(value=str(start["n_params"]), description=LABELS["n_params"])
     }
