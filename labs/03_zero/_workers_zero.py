@@ -59,13 +59,19 @@ def reference(kind: str, opt: str, groups: bool = False, steps: int = STEPS, mic
 
 
 def train_zero1(kind, opt, groups=False, steps=STEPS, group=None):
+    """Several chunks (1 KB buckets), weight all-gathers overlapped with the next forward
+    (``measure`` runs the synchronous path): each chunk must land before its first use."""
     model = tiny_gpt(kind)  # same seed everywhere: ShardedOptimizer does not broadcast
     cls, kw = OPTIMIZERS[opt]
-    o = ShardedOptimizer(param_groups(model, groups), cls, group=group, **kw)
+    o = ShardedOptimizer(
+        param_groups(model, groups), cls, group=group, bucket_size_mb=0.001,
+        overlap_gather=True, **kw,
+    )
     for s in range(steps):
         o.zero_grad()
         lm_loss(model, *rank_slice(step_batch(model.config, s), group=group)).backward()
         o.step()
+    o.wait_for_weights()  # the last step's gathers: no forward follows to wait for them
     return state(model)
 
 

@@ -108,7 +108,9 @@ def _build(impl: str, size: str, bucket_size_mb: float):
     cls, kw = OPTIMIZERS["adamw"]
     model = tiny_gpt("plain", size="bench", **BENCH_SIZES[size])
     if impl == "zero1":
-        opt = ShardedOptimizer(list(model.parameters()), cls, bucket_size_mb=bucket_size_mb, **kw)
+        opt = ShardedOptimizer(
+            list(model.parameters()), cls, bucket_size_mb=bucket_size_mb, overlap_gather=True, **kw
+        )
         return model, model, opt, None, opt.optim
     if impl == "zero2":
         z = ZeRO2(model, cls, bucket_size_mb=bucket_size_mb, **kw)
@@ -177,7 +179,8 @@ def run(
             train_step(fwd, opt, xy, finish)
             if i >= warmup:
                 times[impl].append(time.perf_counter() - t0)
-    runs["zero2"][2].wait_for_weights()  # its last all-gathers run until the next forward
+    for impl in ("zero1", "zero2"):  # their last all-gathers run until the next forward
+        runs[impl][2].wait_for_weights()
     out: dict = {impl: {"step_s": statistics.median(ts)} for impl, ts in times.items()}
     ref = list(runs["torch"][0].parameters())
     out["max_diff"] = {

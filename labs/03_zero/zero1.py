@@ -24,7 +24,14 @@ Collectives, chunk by chunk (``bucket_size_mb``), so the temporaries are bucket-
    last microbatch (or in ``step()`` if every backward ran under ``no_sync()``);
 2. ``step()`` divides the own segment by ``D`` (the average) and steps the local optimizer;
 3. ``all_gather`` of the owners' ``(c,)`` weight pieces, copied into every segment: every
-   rank holds the same model again.
+   rank holds the same model again. With ``overlap_gather=True`` the gathers run on after
+   ``step()`` returns (at most ``max_in_flight`` at once, first chunk first: each segment
+   holds its tensors in model order, so low chunks hold the first layers) and each chunk is
+   waited for, and copied in, just before the first forward of a module that holds one of its
+   tensors (a process-wide module forward pre-hook: the optimizer is given tensors, not a
+   module); :meth:`ShardedOptimizer.wait_for_weights` finishes them all. Off by default: a
+   caller that reads the weights straight after ``step()`` (without a forward) must call
+   :meth:`~ShardedOptimizer.wait_for_weights` first.
 
 gloo runs a reduce-scatter as an all-reduce of a copy of its input (``accounting.wire``); an
 in-place all-reduce plus a local slice moves the same wire bytes and measured no faster at
@@ -78,6 +85,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         group=None,
         bucket_size_mb: float = 25.0,
         max_in_flight: int = 2,
+        overlap_gather: bool = False,
         **kwargs,
     ):
         if not bucket_size_mb > 0:
@@ -87,6 +95,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults=kwargs)
         self.bucket_size_mb = bucket_size_mb
         self.max_in_flight = max_in_flight
+        self.overlap_gather = overlap_gather
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -125,6 +134,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.require_sync = True
         self._inflight: list = []  # (work, send buffer) of started reduce-scatters
         self._reduced = self._dirty = self._queued = False
+        self._to_gather: list[int] = []  # chunks whose weight all-gather has not started
+        self._gathers: list = []  # (chunk, work, recv) of started all-gathers, oldest first
+        self._pre_hook = None  # the forward pre-hook that waits for them (while any remain)
         if p0 is not None:
             # Which chunks each tensor touches; a chunk goes out once all of its tensors are final.
             chunks = self._chunks()
@@ -242,6 +254,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         if not self.params:
             return loss
+        self.wait_for_weights()  # the previous step's gathers read the rows we update
         D, S, r = self.world_size, self.segment, self.rank
         if self._dirty or not self._reduced:  # every backward ran under no_sync(): reduce now
             self._end_backward()
@@ -254,19 +267,74 @@ class ShardedOptimizer(torch.optim.Optimizer):
                         local[k] = v
             self.optim.step()
         # END SOLUTION
-        # BEGIN SOLUTION hint: per chunk: all_gather the owners' (c,) weight pieces, copy into the segments
-        weights = self.flat_weights.view(D, S)
-        for lo, hi in self._chunks():
-            recv = torch.empty(D * (hi - lo), dtype=weights.dtype, device=weights.device)
-            dist.all_gather_single(recv, weights[r, lo:hi].contiguous(), group=self.group)
-            weights[:, lo:hi].copy_(recv.view(D, -1))
-            del recv
-        # END SOLUTION
         self._reduced = self._dirty = False
+        self._to_gather = list(range(len(self._chunks())))
+        if not self.overlap_gather:
+            self.wait_for_weights()  # every chunk gathered and copied in before returning
+            return loss
+        while self._to_gather and len(self._gathers) < self.max_in_flight:
+            self._start_gather(self._to_gather.pop(0))
+        if self._pre_hook is None:
+            self._pre_hook = torch.nn.modules.module.register_module_forward_pre_hook(
+                self._before_forward
+            )
         return loss
+
+    def _start_gather(self, k: int) -> None:
+        """Start chunk ``k``'s all-gather of the owners' ``(c,)`` weight pieces."""
+        D, S, r = self.world_size, self.segment, self.rank
+        lo, hi = self._chunks()[k]
+        weights = self.flat_weights.view(D, S)  # row o = owner o's segment
+        # BEGIN SOLUTION hint: a (D*c,) receive buffer; async all_gather_single of the own row's piece
+        recv = torch.empty(D * (hi - lo), dtype=weights.dtype, device=weights.device)
+        work = dist.all_gather_single(recv, weights[r, lo:hi], group=self.group, async_op=True)
+        # END SOLUTION
+        self._gathers.append((k, work, recv))
+
+    @torch.no_grad()
+    def _finish_gather(self) -> None:
+        """Wait for the oldest all-gather, copy its pieces into every segment, start the next."""
+        k, work, recv = self._gathers.pop(0)
+        D, S = self.world_size, self.segment
+        lo, hi = self._chunks()[k]
+        # BEGIN SOLUTION hint: wait, then copy the (D, c) pieces into the segments' [lo, hi)
+        work.wait()
+        self.flat_weights.view(D, S)[:, lo:hi].copy_(recv.view(D, -1))
+        # END SOLUTION
+        del recv  # bucket-sized: at most max_in_flight of them are alive
+        if self._to_gather:
+            self._start_gather(self._to_gather.pop(0))
+
+    def _before_forward(self, module, _args) -> None:
+        """Before a module's forward: finish the gathers up to the last chunk it reads."""
+        ks = [
+            k
+            for p in module.parameters(recurse=False)
+            if id(p) in self._index
+            for k in self._chunks_of[self._index[id(p)]]
+        ]
+        if ks:
+            self.wait_for_weights(upto=max(ks))
+
+    def wait_for_weights(self, upto: int | None = None) -> None:
+        """Finish the all-gathers :meth:`step` started, in chunk order, through chunk ``upto``
+        (default: all of them); the forward pre-hook goes once none is left."""
+        if not self.params:
+            return
+        last = len(self._chunks()) - 1 if upto is None else upto
+        while True:
+            if not self._gathers and self._to_gather:  # the synchronous path starts here
+                self._start_gather(self._to_gather.pop(0))
+            if not self._gathers or self._gathers[0][0] > last:
+                break
+            self._finish_gather()
+        if not self._gathers and not self._to_gather and self._pre_hook is not None:
+            self._pre_hook.remove()
+            self._pre_hook = None
 
     def state_dict(self):
         """This rank's shard of the optimizer state (``optimizer_cls`` format)."""
+        self.wait_for_weights()
         return self.optim.state_dict() if self.optim is not None else {}
 
     def load_state_dict(self, state_dict) -> None:

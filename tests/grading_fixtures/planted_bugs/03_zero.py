@@ -12,12 +12,12 @@ with the same buffers; only the copy back is missing).
 
 FILE = "zero1.py"
 OLD = (
-    "            dist.all_gather_single(recv, weights[r, lo:hi].contiguous(), group=self.group)\n"
-    "            weights[:, lo:hi].copy_(recv.view(D, -1))\n"
+    "        work.wait()\n"
+    "        self.flat_weights.view(D, S)[:, lo:hi].copy_(recv.view(D, -1))\n"
 )
 NEW = (
-    "            dist.all_gather_single(recv, weights[r, lo:hi].contiguous(), group=self.group)\n"
-    "            # planted bug: recv is never copied into the weight segments\n"
+    "        work.wait()\n"
+    "        # planted bug: recv is never copied into the weight segments\n"
 )
 LOST = {
     "test_zero.py::test_zero1_matches_single_process",
