@@ -117,3 +117,43 @@ def write_results(
     path = out / f"{name}.json"
     path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
     return path
+
+
+def is_results(data: object) -> bool:
+    """Whether ``data`` (a parsed JSON file) follows this module's schema."""
+    return isinstance(data, dict) and {"benchmark", "per_launch", "summary", "load"} <= set(data)
+
+
+def provenance(data: dict) -> str:
+    """One sentence: what ran, where, when, under which load, and whether it was idle."""
+    m, load = data["machine"], data["load"]
+    before = load["before"][0] if load["before"] else "?"
+    after = load["after"][0] if load["after"] else "?"
+    idle = "idle" if data["idle"] else "NOT idle (1-minute load at or above the cores)"
+    n = len(data["per_launch"])
+    return (
+        f"{data['benchmark']}: `{data['command']}`, {n} launch{'es' if n != 1 else ''}, "
+        f"{data['date']} on {m['processor']} ({m['cpu_capability']}, {m['cores']} cores), "
+        f"torch {data['torch']}; 1-minute load {before} before, {after} after: {idle}."
+    )
+
+
+def summary_rows(data: dict, fmt: str = "{:.3f}", prefix: str = "") -> list[list[str]]:
+    """``[key, "median [min–max]", n]`` for every summary key under ``prefix`` (a top-level
+    key of the launches' dicts, e.g. ``"ratio"``; ``""``: every key)."""
+    dotted = f"{prefix}." if prefix else ""
+    rows = []
+    for key, s in data["summary"].items():
+        if not key.startswith(dotted):
+            continue
+        lo, mid, hi = (fmt.format(s[k]) for k in ("min", "median", "max"))
+        rows.append([key.removeprefix(dotted), mid if lo == hi else f"{mid} [{lo}–{hi}]", s["n"]])
+    return rows
+
+
+def markdown(data: dict, prefix: str = "ratio", fmt: str = "{:.3f}") -> str:
+    """The provenance sentence and a Markdown table of the summary keys under ``prefix``
+    (``"ratio"``: ours / PyTorch; ``"floor"``: over the compute floor; ``""``: all)."""
+    lines = [provenance(data), "", "| quantity | median [min–max] | launches |", "|---|---|---|"]
+    lines += [f"| {k} | {v} | {n} |" for k, v, n in summary_rows(data, fmt, prefix)]
+    return "\n".join(lines)
