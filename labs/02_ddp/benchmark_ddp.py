@@ -1,6 +1,7 @@
 """From-scratch DDP vs torch.nn.parallel.DistributedDataParallel, on CPU with gloo.
 
     python benchmark_ddp.py [--size bench|25m] [--ranks 2] [--steps 20] [--repeats 1]
+                            [--save] [--results-dir DIR]
 
 Same model (the package's GPT: ``bench`` in ``shardlab.models.SIZES``, 0.86 M parameters,
 or ``25m``, the same GPT at d_model 512 and 8 layers, 25.5 M parameters = 102 MB of fp32
@@ -46,6 +47,10 @@ notebook shows the fast run). What holds, at both sizes and 2 or 4 ranks:
 * Weights: equal to the bit at 2 ranks; at 4, gloo's ring sums an element in an order that
   depends on where it sits in its bucket, the buckets differ, and AdamW turns last-bit
   gradient differences on near-zero gradients into update differences of up to ``lr``.
+
+``--save`` writes ``ddp_<size>_<ranks>ranks.json`` into ``--results-dir`` (default
+``benchmarks/results``; :func:`shardlab.benchresults.write_results`: machine, load before and
+after, per launch the ratios, each side over the floor and the seconds).
 """
 
 from __future__ import annotations
@@ -55,8 +60,9 @@ import statistics
 
 # run as a script, Python puts this folder on sys.path; the ranks it launches find its
 # modules the same way (the launcher passes its sys.path on)
+from shardlab.benchresults import load_average, write_results
 from shardlab.runtime.allocator_peak import allocator_peak
-from shardlab.testing import compare_launches, median_range
+from shardlab.testing import bench_steps, compare_launches, median_range
 
 # Overrides of shardlab.models.SIZES["bench"] (vocab 256, seq 32, 4 layers, d_model 128).
 BENCH_SIZES: dict[str, dict[str, int]] = {
@@ -165,10 +171,14 @@ def ratios(res: list[dict]) -> dict[str, float]:
 
 
 def main(
-    size: str = "bench", ranks: int = 2, steps: int | None = None, repeats: int = 1
+    size: str = "bench", ranks: int = 2, steps: int | None = None, repeats: int = 1,
+    save: bool = False, results_dir: str | None = None,
 ) -> list[dict]:
     """Run ``repeats`` launches; print the first one per rank, then the ratios (median and
-    range over the launches: gloo's worker threads make even the allocator peak vary)."""
+    range over the launches: gloo's worker threads make even the allocator peak vary).
+    ``save``: also write ``ddp_<size>_<ranks>ranks.json`` into ``results_dir`` (default
+    ``benchmarks/results``)."""
+    load_before = load_average()
     launches = compare_launches(
         "benchmark_ddp:run", size=size, sizes=BENCH_SIZES, batch=BATCH, ranks=ranks,
         steps=steps, repeats=repeats, impls=("mine", "torch"),
@@ -183,6 +193,25 @@ def main(
     print(f"step time / compute floor (same model, batch and step, no communication){more}")
     for k, label in (("mine/floor", "ours"), ("torch/floor", "PyTorch")):
         print(f"  {label:10s} {median_range(p[k] for p in per_launch)}")
+    if save:
+        impls = ("mine", "torch", "floor")
+        rows = [
+            {
+                "ratio": {k: p[k] for k in ("step", "trace", "alloc") if k in p},
+                "floor": {"mine": p["mine/floor"], "torch": p["torch/floor"]},
+                "seconds": {i: max(m[i]["step_s"] for m in res) for i in impls},
+            }
+            for p, res in zip(per_launch, launches)
+        ]
+        path = write_results(
+            f"ddp_{size}_{ranks}ranks", rows,
+            benchmark="lab 02 DDP vs torch.nn.parallel.DistributedDataParallel (gloo, CPU)",
+            config={"size": size, "ranks": ranks, "n_params": launches[0][0]["n_params"],
+                    "bucket_mb": 25.0, "batch": BATCH, "repeats": repeats,
+                    **bench_steps(size, steps)},
+            load_before=load_before, directory=results_dir,
+        )
+        print(f"results written to {path.name}")
     return per_launch
 
 
@@ -192,5 +221,7 @@ if __name__ == "__main__":
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=None, help="timed steps (20 bench, 6 25m)")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--save", action="store_true", help="write ddp_<size>_<ranks>ranks.json")
+    ap.add_argument("--results-dir", default=None, help="default: benchmarks/results")
     a = ap.parse_args()
-    main(a.size, a.ranks, a.steps, a.repeats)
+    main(a.size, a.ranks, a.steps, a.repeats, a.save, a.results_dir)

@@ -1,6 +1,7 @@
 """Benchmark: this lab's sharded checkpoint vs ``torch.distributed.checkpoint`` (DCP) + FSDP2.
 
     python benchmark_checkpoint.py [--save-ranks 4] [--load-ranks 4 2 1] [--d-model 256]
+                                   [--launches 1] [--save] [--results-dir DIR]
 
 One run: ``--save-ranks`` ranks train one AdamW step and save (ours: our FSDP's flat shards,
 ``checkpoint.save_checkpoint``; DCP: ``dcp.save`` of FSDP2's ``get_state_dict`` model and
@@ -10,6 +11,12 @@ bytes on disk (ours also against ``accounting.checkpoint.checkpoint_bytes``), me
 save/load seconds of ``--repeats`` (slowest rank, between barriers) and ratios ours / DCP
 (below 1.0: ours is smaller or faster). The disk is whatever ``--dir`` (default: a temporary
 directory) sits on; times include fsync on our side, DCP's default writer fsyncs too.
+
+``--repeats`` counts saves and loads inside one launch; ``--launches N`` repeats the whole run
+(save, then every load) N times, prints the first run's table, then each run's ratios and their
+median [min-max]. ``--save`` writes ``checkpoint_d<d_model>_<save-ranks>ranks.json`` into
+``--results-dir`` (default ``benchmarks/results``; :func:`shardlab.benchresults.write_results`:
+machine, load, per run the ratios ours / DCP, bytes and seconds).
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ import torch
 import torch.distributed as dist
 from _workers_checkpoint import TOTAL, fresh, train_step
 from _workers_fsdp import make_batches, make_model
+from shardlab.benchresults import load_average, write_results
 from shardlab.models import lm_loss, make_optimizer, rank_slice
+from shardlab.testing import median_range
 
 # run as a script, Python puts this folder on sys.path; the ranks it launches find these
 # modules the same way (the launcher passes its sys.path on)
@@ -128,20 +137,11 @@ def dcp_layout(path: Path) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
+def measure(a: argparse.Namespace, cfg: dict) -> dict:
+    """One run: ``a.save_ranks`` ranks save, every world size of ``a.load_ranks`` loads."""
     from shardlab.accounting import checkpoint as acc
     from shardlab.runtime import launch
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--save-ranks", type=int, default=4)
-    ap.add_argument("--load-ranks", type=int, nargs="+", default=[4, 2, 1])
-    ap.add_argument("--d-model", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
-    a = ap.parse_args(argv)
-    cfg = dict(d_model=a.d_model, n_layer=a.layers, vocab_size=a.vocab)
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
         ours_root, dcp_dir = Path(tmp) / "ours", Path(tmp) / "dcp"
         fn = "benchmark_checkpoint:bench"
@@ -162,6 +162,36 @@ def main(argv: list[str] | None = None) -> dict:
                           timeout=600)
             pred = [acc.reshard_read_bytes(numels, a.save_ranks, d, r, 2, 4, rng) for r in range(d)]
             res["load"][d] = {**runs[0], "read": [r["ours_read"] for r in runs], "predicted": pred}
+    return res
+
+
+def ratios(res: dict) -> dict:
+    """One run's ratios ours / DCP: bytes on disk, save and each load (slowest rank)."""
+    out = {"bytes": res["ours_bytes"] / res["dcp_bytes"],
+           "save": res["save"]["ours_s"] / res["save"]["dcp_s"]}
+    out.update({f"load_{d}": r["ours_s"] / r["dcp_s"] for d, r in res["load"].items()})
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--save-ranks", type=int, default=4)
+    ap.add_argument("--load-ranks", type=int, nargs="+", default=[4, 2, 1])
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    ap.add_argument("--launches", type=int, default=1, help="whole runs (median of them)")
+    ap.add_argument("--save", action="store_true", help="write checkpoint_d*_*ranks.json")
+    ap.add_argument("--results-dir", default=None, help="default: benchmarks/results")
+    a = ap.parse_args(argv)
+    if a.launches < 1:
+        raise ValueError(f"--launches {a.launches} must be >= 1")
+    cfg = dict(d_model=a.d_model, n_layer=a.layers, vocab_size=a.vocab)
+    load_before = load_average()
+    every = [measure(a, cfg) for _ in range(a.launches)]
+    res = every[0]
     print(f"model: {res['n_params']:,} parameters ({cfg}), AdamW state, saved by "
           f"{a.save_ranks} ranks; median of {a.repeats}")
     print(f"{'':26}{'ours':>14}{'DCP':>14}{'ours/DCP':>10}")
@@ -184,7 +214,32 @@ def main(argv: list[str] | None = None) -> dict:
     for d, r in res["load"].items():
         ok = "=" if r["read"] == r["predicted"] else "!="
         print(f"ours, bytes read per rank at D={d}: {r['read']} {ok} reshard_read_bytes")
-    return res
+    per_run = [ratios(r) for r in every]
+    if a.launches > 1:
+        print(f"ratio ours / DCP, median [min-max] of {a.launches} runs")
+        for k in per_run[0]:
+            each = " ".join(f"{p[k]:.3f}" for p in per_run)
+            print(f"  {k:8s} {median_range(p[k] for p in per_run)} (per run: {each})")
+    if a.save:
+        rows = [
+            {"ratio": p,
+             "bytes": {"ours": r["ours_bytes"], "dcp": r["dcp_bytes"]},
+             "seconds": {"save": {"ours": r["save"]["ours_s"], "dcp": r["save"]["dcp_s"]},
+                         **{f"load_{d}": {"ours": x["ours_s"], "dcp": x["dcp_s"]}
+                            for d, x in r["load"].items()}}}
+            for p, r in zip(per_run, every)
+        ]
+        path = write_results(
+            f"checkpoint_d{a.d_model}_{a.save_ranks}ranks", rows,
+            benchmark="lab 04 sharded checkpoint vs torch.distributed.checkpoint + FSDP2 "
+                      "(gloo, CPU)",
+            config={**cfg, "n_params": res["n_params"], "save_ranks": a.save_ranks,
+                    "load_ranks": a.load_ranks, "repeats": a.repeats, "launches": a.launches,
+                    "dir": a.dir},
+            load_before=load_before, directory=a.results_dir,
+        )
+        print(f"results written to {path.name}")
+    return {**res, "launches": every} if a.launches > 1 else res
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Benchmark: this lab's FSDP (flat units and per-parameter) vs PyTorch FSDP2 in one launch.
 
-    python benchmark_fsdp.py [--ranks 2] [--steps 10] [--d-model 64] [--layers 4]
-    python benchmark_fsdp.py --size 25m --ranks 2 4 [--steps 5]
+    python benchmark_fsdp.py [--ranks 2] [--steps 10] [--d-model 64] [--layers 4] [--repeats 1]
+    python benchmark_fsdp.py --size 25m --ranks 2 4 [--steps 5] [--save] [--results-dir DIR]
     python benchmark_fsdp.py --hsdp [--size 25m]     # HSDP on 4 ranks, 2 x 2, vs FSDP2
 
 All three wrap one unit per block plus the root, train the same model on the same data, and
@@ -34,6 +34,13 @@ live bytes, and the ring-model bytes per rank sent on each axis next to
 ``accounting.hierarchical.hsdp_step_volume``. Ours equals the formula; FSDP2's shard axis is
 lower by one all-gather of the root (it keeps the root gathered from forward to backward) and
 both axes carry its per-parameter padding (each parameter's dim 0 padded to a multiple of S).
+
+``--repeats N`` runs N launches per rank count (the first one's table is printed, then each
+launch's ratios and their median [min-max]); ``--save`` writes one results file per rank
+count, ``fsdp_<size>_<ranks>ranks.json`` (``fsdp_hsdp_<size>_4ranks.json`` with ``--hsdp``),
+into ``--results-dir`` (default ``benchmarks/results``;
+:func:`shardlab.benchresults.write_results`: machine, load, per launch rank 0's ratios, steps
+over the floor and seconds).
 """
 
 from __future__ import annotations
@@ -53,7 +60,9 @@ from _workers_fsdp import (
 from _workers_fsdp_hsdp import axis_bytes, hsdp_mesh, train_fsdp2_hsdp, train_hsdp
 from _workers_fsdp_perparam import train_pp
 from shardlab.accounting import hierarchical
+from shardlab.benchresults import load_average, write_results
 from shardlab.models import lm_loss, make_optimizer, rank_slice
+from shardlab.testing import median_range
 
 # run as a script, Python puts this folder on sys.path; the ranks it launches find these
 # modules the same way (the launcher passes its sys.path on)
@@ -181,6 +190,45 @@ def print_hsdp(res: dict, size: str, batch: int, steps: int) -> None:
     print(f"ours / FSDP2: time {res['ratio_time']:.2f}, peak {res['ratio_peak']:.3f}")
 
 
+def print_launches(launches: list[dict], hsdp: bool = False) -> None:
+    """Each launch's time ratio ours / FSDP2 and the median [min-max] of every ratio."""
+    names = ("ours",) if hsdp else ("flat", "per-param")
+    pick = (lambda r, n, k: r[k]) if hsdp else (lambda r, n, k: r[n][k])
+    more = f", median [min-max] of {len(launches)} launches" if len(launches) > 1 else ""
+    print(f"ratio ours / FSDP2{more}")
+    for n in names:
+        if len(launches) > 1:
+            each = " ".join(f"{pick(r, n, 'ratio_time'):.3f}" for r in launches)
+            print(f"  {n} time ratio per launch: {each}")
+        print(f"  {n}: time {median_range(pick(r, n, 'ratio_time') for r in launches)}, "
+              f"peak {median_range(pick(r, n, 'ratio_peak') for r in launches)}")
+    if not hsdp:
+        print("step / compute floor" + more + ": " + ", ".join(
+            f"{n} {median_range(r[n]['over_floor'] for r in launches)}" for n in MODES))
+
+
+def save_launches(
+    launches: list[dict], name: str, config: dict, load_before: list[float],
+    results_dir: str | None, hsdp: bool = False,
+) -> None:
+    """Write ``<results_dir>/<name>.json`` (:func:`shardlab.benchresults.write_results`)."""
+    if hsdp:
+        rows = [{"ratio": {"step": r["ratio_time"], "peak": r["ratio_peak"]},
+                 "seconds": {n: r[n]["step_s"] for n in ("ours", "fsdp2")},
+                 "bytes": {n: {k: r[n][k] for k in ("shard", "replicate")}
+                           for n in ("predicted", "ours", "fsdp2")}} for r in launches]
+        what = "lab 04 HSDP (2 x 2) vs FSDP2 fully_shard on a 2-D mesh (gloo, CPU)"
+    else:
+        rows = [{"ratio": {n: {"step": r[n]["ratio_time"], "peak": r[n]["ratio_peak"]}
+                           for n in ("flat", "per-param")},
+                 "floor": {n: r[n]["over_floor"] for n in MODES},
+                 "seconds": {n: r[n]["step_s"] for n in (*MODES, "floor")}} for r in launches]
+        what = "lab 04 FSDP (flat units, per-parameter) vs FSDP2 fully_shard (gloo, CPU)"
+    path = write_results(name, rows, benchmark=what, config={**config, "n_params": launches[0]["N"]},
+                         load_before=load_before, directory=results_dir)
+    print(f"results written to {path.name}")
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=("fast", *SIZES), default="fast")
@@ -190,26 +238,48 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--hsdp", action="store_true", help="HSDP 2 x 2 on 4 ranks vs FSDP2")
+    ap.add_argument("--repeats", type=int, default=1, help="launches per rank count")
+    ap.add_argument("--save", action="store_true", help="write one results file per rank count")
+    ap.add_argument("--results-dir", default=None, help="default: benchmarks/results")
     a = ap.parse_args(argv)
+    if a.repeats < 1:
+        raise ValueError(f"--repeats {a.repeats} must be >= 1")
+    cfg = SIZES.get(a.size, {"d_model": a.d_model, "n_layer": a.layers})
+    steps = a.steps or (10 if a.size == "fast" else 5)
+    setting = {"size": a.size, "model": cfg, "batch": a.batch, "steps": steps, "warmup": 2,
+               "repeats": a.repeats}
     if a.hsdp:
-        cfg = SIZES.get(a.size, {"d_model": a.d_model, "n_layer": a.layers})
-        steps = a.steps or (10 if a.size == "fast" else 5)
-        res = run_hsdp(steps, a.batch, cfg)
+        load_before = load_average()
+        launches = [run_hsdp(steps, a.batch, cfg) for _ in range(a.repeats)]
+        res = launches[0]
         print_hsdp(res, a.size, a.batch, steps)
+        if a.repeats > 1:  # the single launch's ratios are printed by print_hsdp already
+            print_launches(launches, hsdp=True)
+        if a.save:
+            save_launches(launches, f"fsdp_hsdp_{a.size}_4ranks",
+                          {**setting, "ranks": 4, "mesh": list(res["mesh"])}, load_before,
+                          a.results_dir, hsdp=True)
         return res
     for r in a.ranks:
         if r < 1 or a.batch % r:
             raise ValueError(f"--ranks {r} must be >= 1 and divide --batch {a.batch}")
-    cfg = SIZES.get(a.size, {"d_model": a.d_model, "n_layer": a.layers})
-    steps = a.steps or (10 if a.size == "fast" else 5)
-    runs = {}
+    runs, every = {}, {}
     for ranks in a.ranks:
-        res = runs[ranks] = run(a.size, ranks, steps, a.batch, cfg)
+        load_before = load_average()
+        launches = every[ranks] = [
+            run(a.size, ranks, steps, a.batch, cfg) for _ in range(a.repeats)
+        ]
+        res = runs[ranks] = launches[0]
         print_table(res, a.size, ranks, a.batch, steps)
+        if a.repeats > 1:  # extra lines; the table above stays as it was
+            print_launches(launches)
+        if a.save:
+            save_launches(launches, f"fsdp_{a.size}_{ranks}ranks", {**setting, "ranks": ranks},
+                          load_before, a.results_dir)
     first = runs[a.ranks[0]]
     # the flat units' ratios at the top level (what the lab notebook reads)
     return {**first, "ratio_time": first["flat"]["ratio_time"],
-            "ratio_peak": first["flat"]["ratio_peak"], "runs": runs}
+            "ratio_peak": first["flat"]["ratio_peak"], "runs": runs, "launches": every}
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Benchmark: this lab's pipeline executor vs ``torch.distributed.pipelining``, and the bubble
 of balanced stages measured against the closed form.
 
-    python benchmark_pipeline.py [--ranks 2] [--steps 12] [--microbatches 8] [--repeats 3]
-    python benchmark_pipeline.py --bubble [--ranks 2 4] [--repeats 3] [--mb-size 8]
+    python benchmark_pipeline.py [--size bench|25m] [--ranks 2 [4]] [--steps 12] [--microbatches 8]
+                                 [--repeats 3] [--save] [--results-dir DIR]
+    python benchmark_pipeline.py --bubble [--ranks 2 4] [--repeats 3] [--mb-size 8] [--save]
 
 **Step time.** Both sides run the same ``split_stages`` of the same GPT on the same batch in
 the same processes, alternating step by step: ours executes ``accounting.pipeline.
@@ -20,7 +21,13 @@ optimizer), the peak of live tensor bytes of one step
 smaller); the compute floor (each rank's chunks run forward and backward on every microbatch
 with no send, receive or wait; the slowest rank's) and both sides' step over it, i.e. what
 the pipeline's communication and bubble add; then, over the ``--repeats`` launches, the
-median time ratio and its range.
+median time ratio and its range. Sizes (``--size``): ``bench`` (default; vocab 32, 64 tokens,
+4 blocks of d_model 128, 8 sequences per microbatch) and ``25m``, the same GPT at d_model 512
+and 8 blocks (the DP labs' ``25m``: 25.3 M parameters) with one sequence per microbatch and 2
+timed steps, so that one launch of the six schedules stays under 3 minutes on 2 ranks (2 min
+50 s measured on 2 shared cores, a step about 2 s). A schedule
+whose ``p v`` stages outnumber the blocks (``interleaved``, ``zbv``, ``dualpipev`` on 4 ranks
+at ``bench``) is skipped with a note; ``25m`` has the 8 blocks they need.
 
 **Bubble.** ``--bubble`` runs the four schedules on ``--ranks`` ranks with the lab's 'timing'
 model (8 equal blocks of h = 128; the embeddings and the head cost under 1 % of a stage),
@@ -43,6 +50,13 @@ rank's threads are bound to its core (``_timing_pipeline._pin_to_core``; ``SHARD
 turns that off). On a machine shared with other jobs, run it under the
 lock and, as root, with a raised priority (the stored numbers: ``flock
 /tmp/shardlab-heavy.lock nice -n -15 python benchmark_pipeline.py ...``).
+
+``--save`` writes one results file per rank count (:func:`shardlab.benchresults.write_results`:
+machine, load before and after, per-launch numbers) into ``--results-dir`` (default
+``benchmarks/results``): ``pipeline_<size>_<ranks>ranks.json`` (per launch and schedule: the
+ratios ours / PyTorch, each side over the floor, the seconds) or, with ``--bubble``,
+``pipeline_bubble_<ranks>ranks.json`` (per launch and schedule: measured, simulated and
+closed-form idle fractions, the step's makespan).
 """
 
 from __future__ import annotations
@@ -54,14 +68,40 @@ import time
 import torch
 import torch.distributed as dist
 from _timing_pipeline import _timing_rank
-from _workers_pipeline import _broadcast_loss, build, config, microbatches, rank_stages
+from _workers_pipeline import SIZES, _broadcast_loss, build, config, microbatches, rank_stages
 from pipeline import split_stages
 from shardlab.accounting import pipeline as acc
-from shardlab.models import GPT
+from shardlab.benchresults import load_average, write_results
+from shardlab.models import GPT, GPTConfig
+from shardlab.testing import median_range
 
 # run as a script, Python puts this folder on sys.path; the ranks it launches find these
 # modules the same way (the launcher passes its sys.path on)
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")
+# Overrides of _workers_pipeline.SIZES["bench"] (vocab 32, seq 64, 4 blocks, d_model 128);
+# "25m" is the DP labs' 25m (shardlab.models d_model 512, 8 blocks, 8 heads): 25.3 M here
+BENCH_SIZES: dict[str, dict[str, int]] = {
+    "bench": {},
+    "25m": dict(d_model=512, n_layer=8, n_head=8),
+}
+# sequences per microbatch and default timed steps: one 25m fwd+bwd of a 64-token sequence
+# costs ~0.35 s on one core, so 8 per microbatch would put a launch of six schedules (three
+# sides, each step's rounds and a traced step) past 15 minutes; 1 and 2 steps keep it under 3
+MB_SEQS = {"bench": 8, "25m": 1}
+DEFAULT_STEPS = {"bench": 12, "25m": 2}
+
+
+def bench_config(size: str = "bench") -> GPTConfig:
+    """The GPT of ``size``: :data:`BENCH_SIZES`, else one of ``_workers_pipeline.SIZES``."""
+    if size in BENCH_SIZES:
+        return GPTConfig(**{**SIZES["bench"], **BENCH_SIZES[size]})
+    return config(size)
+
+
+def fits(kind: str, p: int, size: str = "bench") -> bool:
+    """Whether ``kind``'s ``p v`` stages each get a block of the model of ``size``."""
+    v = 2 if kind in ("interleaved", *acc.V_KINDS) else 1
+    return p * v <= bench_config(size).n_layer
 
 
 # ------------------------------------------------------------------ rank code
@@ -135,9 +175,9 @@ def benchmark(kind, m=8, size="bench", steps=5, n=None):
     from shardlab.runtime import MemoryTrace
 
     _timing_rank()  # both sides run in these threads: the same binding and heap for both
-    cfg, p = config(size), dist.get_world_size()
+    cfg, p = bench_config(size), dist.get_world_size()
     v = 2 if kind in ("interleaved", *acc.V_KINDS) else 1
-    n = n or 8 * m
+    n = n or MB_SEQS.get(size, 8) * m
     r = dist.get_rank()
     last = r == acc.stage_rank(p * v - 1, p, acc.placement(kind))  # p - 1, or 0 in a V
     _, ours_named, ex = build(cfg, kind, p, m, v)
@@ -236,27 +276,44 @@ def benchmark(kind, m=8, size="bench", steps=5, n=None):
         "torch_peak": out["torch"]["peak_bytes"],
         "loss_diff": abs(out["ours"]["loss"] - out["torch"]["loss"]).item(),
         "grad_max_abs_diff": diff,
+        "n_params": sum(q.numel() for q in GPT(cfg, seed=0).parameters()),
     }
 
 
-def benchmark_all(kinds=("gpipe", "1f1b", "interleaved", "zb-h1", *acc.V_KINDS), m=8, steps=6):
-    return [benchmark(k, m=m, steps=steps) for k in kinds]
+def benchmark_all(
+    kinds=("gpipe", "1f1b", "interleaved", "zb-h1", *acc.V_KINDS), m=8, steps=6, size="bench"
+):
+    return [benchmark(k, m=m, steps=steps, size=size) for k in kinds]
 
 
 def step_times(
-    ranks: int, m: int, steps: int, repeats: int, kinds: tuple[str, ...] = KINDS
+    ranks: int, m: int, steps: int, repeats: int, kinds: tuple[str, ...] = KINDS,
+    size: str = "bench", save: bool = False, results_dir: str | None = None,
 ) -> list[list[dict]]:
-    """``repeats`` launches of the side-by-side benchmark; prints every run and the medians."""
+    """``repeats`` launches of the side-by-side benchmark; prints every run and the medians.
+    ``save``: also write ``pipeline_<size>_<ranks>ranks.json`` into ``results_dir``."""
     from shardlab.runtime import launch
 
+    skipped = [k for k in kinds if not fits(k, ranks, size)]
+    kinds = tuple(k for k in kinds if k not in skipped)
+    if skipped:  # split_stages needs a block per stage: say so instead of failing the launch
+        print(f"skipped on {ranks} ranks at size {size!r} ({bench_config(size).n_layer} blocks, "
+              f"fewer than their {2 * ranks} stages): {', '.join(skipped)}")
+    if not kinds:
+        return []
+    load_before = load_average()
     runs = []
     for i in range(repeats):
         rows = launch(
-            "benchmark_pipeline:benchmark_all", ranks, kinds, m=m, steps=steps, quiet=True,
-            timeout=600,
+            "benchmark_pipeline:benchmark_all", ranks, kinds, m=m, steps=steps, size=size,
+            quiet=True, timeout=900,
         )[0]
         runs.append(rows)
-        print(f"run {i + 1}: {ranks} ranks, m = {m}, median of {steps} steps (model 'bench')")
+        print(
+            f"run {i + 1}: {ranks} ranks, m = {m} microbatches of {MB_SEQS.get(size, 8)} "
+            f"sequences, median of {steps} steps (model {size!r}, "
+            f"{rows[0]['n_params']:,} parameters)"
+        )
         print(
             f"{'ours':12}{'PyTorch':52}{'ours ms':>9}{'torch ms':>10}{'time ratio':>11}"
             f"{'peak ratio':>11}{'|d loss|':>10}{'|d grad|':>10}{'floor ms':>10}"
@@ -279,16 +336,51 @@ def step_times(
             f"{kind:12}{statistics.median(ratios):6.2f}  ({min(ratios):.2f}-{max(ratios):.2f})  "
             + " ".join(f"{x:.2f}" for x in ratios)
         )
+    more = f", median [min-max] of {repeats} launches" if repeats > 1 else ""
+    print(f"peak ratio ours / PyTorch (rank 0) and step / compute floor (slowest rank){more}")
+    for j, kind in enumerate(kinds):
+        peak = median_range(run[j]["ours_peak"] / run[j]["torch_peak"] for run in runs)
+        ours = median_range(run[j]["ours_over_floor"] for run in runs)
+        theirs = median_range(run[j]["torch_over_floor"] for run in runs)
+        print(f"{kind:12}peak {peak}, ours/floor {ours}, PyTorch/floor {theirs}")
+    if save:
+        rows = [
+            {
+                "ratio": {r["kind"]: {"step": r["ours_s"] / r["torch_s"],
+                                      "peak": r["ours_peak"] / r["torch_peak"]} for r in run},
+                "floor": {r["kind"]: {"ours": r["ours_over_floor"],
+                                      "torch": r["torch_over_floor"]} for r in run},
+                "seconds": {r["kind"]: {"ours": r["ours_s"], "torch": r["torch_s"],
+                                        "floor": r["floor_s"]} for r in run},
+            }
+            for run in runs
+        ]
+        path = write_results(
+            f"pipeline_{size}_{ranks}ranks", rows,
+            benchmark="lab 05 pipeline schedules vs torch.distributed.pipelining (gloo, CPU)",
+            config={"size": size, "ranks": ranks, "n_params": runs[0][0]["n_params"],
+                    "model": {k: getattr(bench_config(size), k) for k in
+                              ("vocab_size", "seq_len", "n_layer", "n_head", "d_model")},
+                    "microbatches": m, "microbatch_seqs": MB_SEQS.get(size, 8), "steps": steps,
+                    "warmup": 1, "kinds": list(kinds), "skipped": skipped},
+            load_before=load_before, directory=results_dir,
+        )
+        print(f"results written to {path.name}")
     return runs
 
 
-def bubble(ranks: list[int], repeats: int, m: int = 8, mb_size: int = 8, steps: int = 10) -> dict:
-    """Balanced-stage idle fraction on each world size, ``repeats`` launches each."""
+def bubble(
+    ranks: list[int], repeats: int, m: int = 8, mb_size: int = 8, steps: int = 10,
+    save: bool = False, results_dir: str | None = None,
+) -> dict:
+    """Balanced-stage idle fraction on each world size, ``repeats`` launches each.
+    ``save``: also write ``pipeline_bubble_<p>ranks.json`` per world size into ``results_dir``."""
     import _timing_pipeline as T
     import _workers_pipeline as W
 
     out = {}
     for p in ranks:
+        load_before = load_average()
         reps = [T.measure_schedules(p=p, m=m, n=m * mb_size, steps=steps) for _ in range(repeats)]
         out[p] = reps
         print(
@@ -341,24 +433,58 @@ def bubble(ranks: list[int], repeats: int, m: int = 8, mb_size: int = 8, steps: 
                     f"{ratio:7.2f}{med('core_idle'):11.1%}{med('shared_core_idle'):12.1%}"
                     f"{med('idle'):16.1%}{med('shared_idle'):12.1%}"
                 )
+        if save:
+            rows = [
+                {
+                    "idle": {k[0]: rep[k]["idle"] for k in W.SCHEDULES},
+                    "sim_idle": {k[0]: rep[k]["sim_idle"] for k in W.SCHEDULES},
+                    "closed_idle": {k[0]: rep[k]["closed_idle"] for k in W.SCHEDULES},
+                    # measured minus closed form: the target is |diff| <= 0.03
+                    "diff": {k[0]: rep[k]["idle"] - rep[k]["closed_idle"] for k in W.SCHEDULES},
+                    "seconds": {k[0]: rep[k]["makespan"] for k in W.SCHEDULES},
+                }
+                for rep in reps
+            ]
+            path = write_results(
+                f"pipeline_bubble_{p}ranks", rows,
+                benchmark="lab 05 balanced-stage bubble vs the closed form (gloo, CPU)",
+                config={"ranks": p, "model": "timing", "n_params": sum(
+                            q.numel() for q in GPT(config("timing"), seed=0).parameters()),
+                        "microbatches": m, "mb_size": mb_size, "steps": steps,
+                        "schedules": [k[0] for k in W.SCHEDULES]},
+                load_before=load_before, directory=results_dir,
+            )
+            print(f"results written to {path.name}")
     return out
 
 
 def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=list(BENCH_SIZES), default="bench")
     ap.add_argument("--ranks", type=int, nargs="+", default=None)
     ap.add_argument(
-        "--steps", type=int, default=None, help="measured steps per launch (12; --bubble: 10)"
+        "--steps", type=int, default=None,
+        help="measured steps per launch (12 bench, 2 25m; --bubble: 10)",
     )
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bubble", action="store_true", help="measure the balanced-stage bubble")
     ap.add_argument("--mb-size", type=int, default=8, help="sequences per microbatch (--bubble)")
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    ap.add_argument("--save", action="store_true", help="write one results file per rank count")
+    ap.add_argument("--results-dir", default=None, help="default: benchmarks/results")
     a = ap.parse_args(argv)
     if a.bubble:
-        return bubble(a.ranks or [2, 4], a.repeats, a.microbatches, a.mb_size, a.steps or 10)
-    return step_times((a.ranks or [2])[0], a.microbatches, a.steps or 12, a.repeats, tuple(a.kinds))
+        return bubble(a.ranks or [2, 4], a.repeats, a.microbatches, a.mb_size, a.steps or 10,
+                      a.save, a.results_dir)
+    steps, ranks = a.steps or DEFAULT_STEPS[a.size], a.ranks or [2]
+    runs = {
+        p: step_times(p, a.microbatches, steps, a.repeats, tuple(a.kinds), a.size, a.save,
+                      a.results_dir)
+        for p in ranks
+    }
+    # one rank count (the default): the list of launches, as before
+    return runs[ranks[0]] if len(ranks) == 1 else runs
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python benchmark_context.py [--ranks 2] [--seq 2048] [--heads 8] [--kv-heads 2]
                                 [--head-dim 64] [--repeats 5] [--no-causal] [--zigzag]
+                                [--launches 1] [--save] [--results-dir DIR]
 
 PyTorch's own context parallelism (``torch.distributed.tensor.experimental.context_parallel``)
 does not run on CPU ("aten._scaled_dot_product_flash_attention_for_cpu.default does not have a
@@ -11,6 +12,13 @@ the tests compare against), and with this lab's all-gather variant. Times are th
 ``--repeats`` forward + backward passes (after one warm-up), with rank 0's SDPA run on the
 same number of threads as one rank. Ratios below 1.0: the CP version takes less time per
 rank than one process does for the whole sequence.
+
+``--repeats`` counts passes inside one launch (the lab notebook's meaning); ``--launches N``
+repeats the whole launch N times and prints each launch's ratios and their median [min-max].
+``--save`` writes ``context_<seq>_<ranks>ranks.json`` (``_nocausal`` / ``_zigzag`` appended
+for those variants, so they do not overwrite the default) into ``--results-dir`` (default
+``benchmarks/results``; :func:`shardlab.benchresults.write_results`: machine, load, per launch
+the ratios to SDPA and the seconds).
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ import ring_attention as ra
 import torch.distributed as dist
 from _workers_context import VARIANTS, make_inputs, reference
 from ring_attention import CPConfig
+from shardlab.benchresults import load_average, write_results
+from shardlab.testing import median_range
 
 # run as a script, Python puts this folder on sys.path; the ranks it launches find these
 # modules the same way (the launcher passes its sys.path on)
@@ -72,12 +82,22 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-causal", action="store_true")
     ap.add_argument("--zigzag", action="store_true")
+    ap.add_argument("--launches", type=int, default=1, help="whole launches (median of them)")
+    ap.add_argument("--save", action="store_true", help="write context_<seq>_<ranks>ranks.json")
+    ap.add_argument("--results-dir", default=None, help="default: benchmarks/results")
     a = ap.parse_args(argv)
+    if a.launches < 1:
+        raise ValueError(f"--launches {a.launches} must be >= 1")
     cfg = CPConfig(
         s=a.seq, c=a.ranks, heads=a.heads, kv_heads=a.kv_heads, head_dim=a.head_dim,
         causal=not a.no_causal, zigzag=a.zigzag,
     )
-    res = launch("benchmark_context:benchmark", a.ranks, cfg, a.repeats, quiet=True, timeout=600)
+    load_before = load_average()
+    every = [
+        launch("benchmark_context:benchmark", a.ranks, cfg, a.repeats, quiet=True, timeout=600)
+        for _ in range(a.launches)
+    ]
+    res = every[0]
     full = res[0]["sdpa_full"]
     print(f"{cfg}, median of {a.repeats} forward+backward passes")
     print(f"{'':28}{'ms (slowest rank)':>18}{'ratio to SDPA':>15}")
@@ -85,7 +105,34 @@ def main(argv: list[str] | None = None) -> dict:
     for name in ("ring", "all_gather"):
         t = max(r[name] for r in res)
         print(f"{name + f' over {a.ranks} ranks':28}{t * 1e3:18.1f}{t / full:15.2f}")
-    return {"sdpa_full": full, **{n: max(r[n] for r in res) for n in ("ring", "all_gather")}}
+    # per launch: SDPA (rank 0) and each variant's slowest rank, in seconds
+    seconds = [
+        {"sdpa_full": r[0]["sdpa_full"], **{n: max(x[n] for x in r) for n in ("ring", "all_gather")}}
+        for r in every
+    ]
+    rows = [
+        {"ratio": {n: t[n] / t["sdpa_full"] for n in ("ring", "all_gather")}, "seconds": t}
+        for t in seconds
+    ]
+    if a.launches > 1:
+        print(f"ratio to SDPA, median [min-max] of {a.launches} launches")
+        for n in ("ring", "all_gather"):
+            each = " ".join(f"{row['ratio'][n]:.3f}" for row in rows)
+            print(f"  {n}: {median_range(row['ratio'][n] for row in rows)} (per launch: {each})")
+    if a.save:
+        tail = ("_nocausal" if a.no_causal else "") + ("_zigzag" if a.zigzag else "")
+        path = write_results(
+            f"context_{a.seq}_{a.ranks}ranks{tail}", rows,
+            benchmark="lab 07 ring / all-gather context-parallel attention vs one-process SDPA "
+                      "(gloo, CPU)",
+            config={"seq": a.seq, "ranks": a.ranks, "heads": a.heads, "kv_heads": a.kv_heads,
+                    "head_dim": a.head_dim, "batch": cfg.batch, "causal": cfg.causal,
+                    "zigzag": cfg.zigzag, "passes": a.repeats, "launches": a.launches,
+                    "n_params": 0},  # attention alone: q, k, v are inputs, no weights
+            load_before=load_before, directory=a.results_dir,
+        )
+        print(f"results written to {path.name}")
+    return seconds[0]
 
 
 if __name__ == "__main__":
