@@ -206,6 +206,26 @@ def table(data, layout: str) -> str:
     return "\n".join(lines)
 
 
+def markdown(data, layout: str) -> str:
+    """One layout's rows as a Markdown table for the book (per rank; MB = 10^6 bytes)."""
+    lines = [
+        "| parameters | ranks | step (ms) | predicted step (ms) | peak (MB) | predicted peak (MB) "
+        "| measured / predicted | model state (MB) | sent = predicted (MB) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(_rows(data, layout), key=lambda r: (r["n_params"], r["ranks"])):
+        sent = r["sent_bytes_measured"]
+        same = "yes" if sent == r["sent_bytes_predicted"] else f"no ({r['sent_bytes_predicted']:,})"
+        lines.append(
+            f"| {r['n_params'] / 1e6:.2f} M | {r['ranks']} | {r['step_s'] * 1e3:.0f} "
+            f"| {r.get('step_s_predicted', float('nan')) * 1e3:.0f} "
+            f"| {r['peak_bytes_measured'] / 1e6:.1f} | {r['peak_bytes_predicted'] / 1e6:.1f} "
+            f"| {r['peak_bytes_measured'] / r['peak_bytes_predicted']:.3f} "
+            f"| {r['state_bytes_predicted'] / 1e6:.1f} | {sent / 1e6:.2f}: {same} |"
+        )
+    return "\n".join(lines)
+
+
 def render(data, layout: str):
     """Log-log step time and peak bytes per rank against parameter count for one layout: one
     colour per rank count, measured as markers, predicted as dashed lines (step: the report's
