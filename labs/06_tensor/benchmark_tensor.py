@@ -1,6 +1,13 @@
 """Benchmark: this lab's tensor (and sequence) parallel blocks vs DTensor ``parallelize_module``.
 
     python benchmark_tensor.py [--ranks 2] [--steps 10] [--d-model 256] [--seq 128] [--batch 4]
+    python benchmark_tensor.py --size 25m [--ranks 2 4] [--repeats 3] [--save] [--results-dir D]
+
+``--size 25m``: the same two blocks at h = 1152 (26.6 M parameters; every all-reduce moves
+2.4 MB), where communication matters; ``bench`` is the default sizes above. ``--repeats N``
+repeats the launches and prints the median [min-max] of the ratios; ``--save`` writes
+``tensor_<size>_<ranks>ranks.json`` (:func:`shardlab.benchresults.write_results`: machine,
+load, per launch the ratios ours / DTensor, each side over the compute floor, the seconds).
 
 Both shard the same two :class:`tensor_reference.SerialBlock` layers over all ranks (ours:
 :class:`tensor_block.ParallelBlock`; PyTorch: ``ColwiseParallel`` q/k/v/fc,
@@ -123,36 +130,91 @@ def benchmark(steps: int = 10, sp: bool = False, batch: int = 4, **model_kw) -> 
 
 
 # ------------------------------------------------------------------ launch, print
+SIZE_25M = {"d_model": 1152, "steps": 4}  # 2 blocks of 10 h^2 + biases: 26.6 M parameters
+
+
+def _row(pair: list[dict]) -> dict:
+    """One launch's numbers for the results file (``pair``: without and with SP)."""
+    out: dict = {"ratio": {}, "floor": {}, "seconds": {}}
+    for name, r in zip(("tp", "tp_sp"), pair):
+        out["ratio"][name] = {"step": r["ratio_time"], "peak": r["ratio_peak"]}
+        out["floor"][name] = {"ours": r["ours"]["over_floor"], "torch": r["dtensor"]["over_floor"]}
+        out["seconds"][name] = {k: r[k]["step_s"] for k in ("ours", "dtensor", "floor")}
+    return out
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
+    from shardlab.benchresults import load_average, write_results
     from shardlab.runtime import launch
+    from shardlab.testing import median_range
     from tensor_block import TPConfig
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--size", choices=("bench", "25m"), default="bench")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2])
+    ap.add_argument("--steps", type=int, default=None, help="default 10 (bench), 4 (25m)")
+    ap.add_argument("--d-model", type=int, default=None, help="default 256 (bench), 1152 (25m)")
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--save", action="store_true")
+    ap.add_argument("--results-dir", default=None)
     a = ap.parse_args(argv)
-    model = dict(h=a.d_model, a=a.heads, ffn=3 * a.d_model, seq=a.seq, vocab=64)
-    for sp in (False, True):  # bad sizes fail here, with both numbers, before ranks start
-        TPConfig(ModelConfig(**model), a.ranks, sp)
+    if a.repeats < 1:
+        ap.error(f"--repeats {a.repeats} must be at least 1")
+    big = a.size == "25m"
+    h = a.d_model or (SIZE_25M["d_model"] if big else 256)
+    steps = a.steps or (SIZE_25M["steps"] if big else 10)
+    model = dict(h=h, a=a.heads, ffn=3 * h, seq=a.seq, vocab=64)
+    for ranks in a.ranks:
+        for sp in (False, True):  # bad sizes fail here, with both numbers, before ranks start
+            TPConfig(ModelConfig(**model), ranks, sp)
     results = []
-    print(f"2 blocks, h={a.d_model}, a={a.heads}, ffn={3 * a.d_model}, s={a.seq}, b={a.batch}, "
-          f"t={a.ranks}, median of {a.steps} steps")
-    print(f"{'':14}{'ours ms':>9}{'DTensor ms':>12}{'time ratio':>12}{'ours peak':>12}"
-          f"{'DTensor peak':>14}{'peak ratio':>12}{'max |out diff|':>16}")
-    for sp in (False, True):
-        r = launch("benchmark_tensor:benchmark", a.ranks, a.steps, sp, a.batch, **model,
-                   quiet=True)[0]
-        results.append(r)
-        o, d = r["ours"], r["dtensor"]
-        print(f"{'TP + SP' if sp else 'TP':14}{o['step_s'] * 1e3:9.1f}{d['step_s'] * 1e3:12.1f}"
-              f"{r['ratio_time']:12.2f}{o['peak_bytes']:12,d}{d['peak_bytes']:14,d}"
-              f"{r['ratio_peak']:12.3f}{r['max_abs_output']:16.1e}")
-        print(f"{'':14}compute floor (collectives as no-ops): {r['floor']['step_s'] * 1e3:.1f} ms;"
-              f" step / floor: ours {o['over_floor']:.2f}, DTensor {d['over_floor']:.2f}")
+    for ranks in a.ranks:
+        load_before, launches = load_average(), []
+        print(f"2 blocks, h={h}, a={a.heads}, ffn={3 * h}, s={a.seq}, b={a.batch}, "
+              f"t={ranks}, median of {steps} steps")
+        print(f"{'':14}{'ours ms':>9}{'DTensor ms':>12}{'time ratio':>12}{'ours peak':>12}"
+              f"{'DTensor peak':>14}{'peak ratio':>12}{'max |out diff|':>16}")
+        for rep in range(a.repeats):
+            pair = []
+            for sp in (False, True):
+                r = launch("benchmark_tensor:benchmark", ranks, steps, sp, a.batch, **model,
+                           quiet=True)[0]
+                pair.append(r)
+                if rep:
+                    continue  # the table shows the first launch; the ratios below all of them
+                o, d = r["ours"], r["dtensor"]
+                print(f"{'TP + SP' if sp else 'TP':14}{o['step_s'] * 1e3:9.1f}"
+                      f"{d['step_s'] * 1e3:12.1f}{r['ratio_time']:12.2f}{o['peak_bytes']:12,d}"
+                      f"{d['peak_bytes']:14,d}{r['ratio_peak']:12.3f}"
+                      f"{r['max_abs_output']:16.1e}")
+                print(f"{'':14}compute floor (collectives as no-ops): "
+                      f"{r['floor']['step_s'] * 1e3:.1f} ms; step / floor: "
+                      f"ours {o['over_floor']:.2f}, DTensor {d['over_floor']:.2f}")
+            results.extend(pair)
+            launches.append(_row(pair))
+        if a.repeats > 1:
+            for name in ("tp", "tp_sp"):
+                print(f"{name}, {a.repeats} launches: time ratio "
+                      f"{median_range(x['ratio'][name]['step'] for x in launches)}, ours / floor "
+                      f"{median_range(x['floor'][name]['ours'] for x in launches)}, DTensor / floor "
+                      f"{median_range(x['floor'][name]['torch'] for x in launches)}")
+        if a.save:
+            from tensor_reference import SerialBlock
+
+            n = sum(p.numel() for i in range(2)
+                    for p in SerialBlock(ModelConfig(**model), i).parameters())
+            path = write_results(
+                f"tensor_{a.size}_{ranks}ranks", launches,
+                benchmark="lab 06 tensor (+ sequence) parallel blocks vs DTensor "
+                          "parallelize_module (gloo, CPU)",
+                config={"size": a.size, "ranks": ranks, "blocks": 2, "n_params": n,
+                        "steps": steps, "batch": a.batch, **model},
+                load_before=load_before, directory=a.results_dir,
+            )
+            print(f"results written to {path.name}")
     return results
 
 

@@ -1,6 +1,13 @@
 """Benchmark: this lab's expert-parallel MoE layer against PyTorch-native references.
 
     python benchmark_expert.py [--ranks 2] [--steps 20] [--tokens 1024] [--hidden 256]
+    python benchmark_expert.py --size 25m [--ranks 2 4] [--repeats 3] [--save] [--results-dir D]
+
+``--size 25m``: hidden 1024, ffn 2048, 8 experts (33.6 M expert parameters; each all-to-all
+moves 8.4 MB per rank at 1,024 tokens, top-2), 6 steps; ``bench`` is the defaults above.
+``--repeats N`` repeats the launch (median [min-max] of the ratios); ``--save`` writes
+``expert_<size>_<ranks>ranks.json`` (:func:`shardlab.benchresults.write_results`: per launch
+the slowest rank's ours / torch a2a, each side over the compute floor, the seconds).
 
 Three ways to run the same MoE layer (same weights, routing, capacity and drops) on the
 same tokens, timed as the median forward + backward over ``--steps`` steps
@@ -127,26 +134,78 @@ def benchmark(cfg: M.MoEConfig, tokens_per_rank: int, steps: int = 20, warmup: i
 
 
 # ------------------------------------------------------------------ launch, print
+SIZE_25M = {"hidden": 1024, "steps": 6}  # 8 experts x 2 x 1024 x 2048 = 33.6 M parameters
+
+
+def _row(res: list[dict]) -> dict:
+    """One launch for the results file: the slowest rank's times (every step ends in an
+    all-to-all, so the slowest rank sets the pace)."""
+    sec = {k: max(m[k] for m in res) for k in ("mine", "torch", "floor")}
+    return {"ratio": {"step": sec["mine"] / sec["torch"]},
+            "floor": {"ours": sec["mine"] / sec["floor"], "torch": sec["torch"] / sec["floor"]},
+            "seconds": {**sec, "single": res[0]["single"]}}
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
+    from shardlab.benchresults import load_average, write_results
     from shardlab.runtime import launch
+    from shardlab.testing import median_range
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--size", choices=("bench", "25m"), default="bench")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2])
+    ap.add_argument("--steps", type=int, default=None, help="default 20 (bench), 6 (25m)")
     ap.add_argument("--tokens", type=int, default=1024)
-    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--hidden", type=int, default=None, help="default 256 (bench), 1024 (25m)")
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--capacity-factor", type=float, default=1.25)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--save", action="store_true")
+    ap.add_argument("--results-dir", default=None)
     a = ap.parse_args(argv)
+    if a.repeats < 1:
+        ap.error(f"--repeats {a.repeats} must be at least 1")
+    big = a.size == "25m"
+    hidden = a.hidden or (SIZE_25M["hidden"] if big else 256)
+    steps = a.steps or (SIZE_25M["steps"] if big else 20)
     # bad sizes fail here, naming the values, before any rank starts
-    cfg = M.MoEConfig(hidden=a.hidden, ffn=2 * a.hidden, num_experts=a.experts, top_k=a.top_k,
-                    capacity_factor=a.capacity_factor, ep=a.ranks)
-    res = launch("benchmark_expert:benchmark", a.ranks, cfg, a.tokens, a.steps, quiet=True,
-                 timeout=600)
+    cfgs = {d: M.MoEConfig(hidden=hidden, ffn=2 * hidden, num_experts=a.experts, top_k=a.top_k,
+                           capacity_factor=a.capacity_factor, ep=d) for d in a.ranks}
+    out = []
+    for ranks, cfg in cfgs.items():
+        load_before, launches = load_average(), []
+        for rep in range(a.repeats):
+            res = launch("benchmark_expert:benchmark", ranks, cfg, a.tokens, steps, quiet=True,
+                         timeout=600)
+            launches.append(_row(res))
+            out = res if not out else out
+            if rep == 0:
+                _print(cfg, a.tokens, steps, res)
+        if a.repeats > 1:
+            print(f"{a.repeats} launches (slowest rank): ours / torch a2a "
+                  f"{median_range(x['ratio']['step'] for x in launches)}, ours / floor "
+                  f"{median_range(x['floor']['ours'] for x in launches)}, PyTorch / floor "
+                  f"{median_range(x['floor']['torch'] for x in launches)}")
+        if a.save:
+            path = write_results(
+                f"expert_{a.size}_{ranks}ranks", launches,
+                benchmark="lab 08 expert-parallel MoE all-to-all vs all_to_all_single_autograd "
+                          "(gloo, CPU)",
+                config={"size": a.size, "ranks": ranks, "hidden": hidden, "ffn": 2 * hidden,
+                        "experts": a.experts, "top_k": a.top_k, "tokens": a.tokens,
+                        "capacity_factor": a.capacity_factor, "steps": steps,
+                        "n_params": a.experts * 2 * hidden * 2 * hidden},
+                load_before=load_before, directory=a.results_dir,
+            )
+            print(f"results written to {path.name}")
+    return out
+
+
+def _print(cfg, tokens: int, steps: int, res: list[dict]) -> None:
     print(f"MoE h={cfg.hidden} f={cfg.ffn} E={cfg.num_experts} k={cfg.top_k} "
-          f"cf={cfg.capacity_factor}, ep={cfg.ep} ranks x T={a.tokens} tokens, fp32, gloo, "
-          f"median of {a.steps} fwd+bwd")
+          f"cf={cfg.capacity_factor}, ep={cfg.ep} ranks x T={tokens} tokens, fp32, gloo, "
+          f"median of {steps} fwd+bwd")
     print(f"{'rank':>4}{'ours ms':>10}{'torch a2a ms':>14}{'ours/torch':>12}"
           f"{'max |diff|':>12}")
     for r, m in enumerate(res):
@@ -159,10 +218,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     slowest = max(m["mine"] for m in res)
     single = res[0]["single"]
     print(
-        f"1 process, all {cfg.ep * a.tokens} tokens: {single * 1e3:.1f} ms; "
+        f"1 process, all {cfg.ep * tokens} tokens: {single * 1e3:.1f} ms; "
         f"ours (slowest rank) / 1 process = {slowest / single:.2f}"
     )
-    return res
 
 
 if __name__ == "__main__":
