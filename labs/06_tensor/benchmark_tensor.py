@@ -26,6 +26,13 @@ the all-gathered (b, s, h) input for backward, while ours (``regather=True``) ke
 (b, s/t, h) shard and all-gather it again in backward: a lower peak for two more all-gathers
 per layer. On CPU at these sizes ours is the faster, with and without SP: DTensor's time goes
 into sharding propagation and redistribution bookkeeping on every operator.
+
+**Against the limit.** Each launch also times a *compute floor*, interleaved step by step
+with the two sides: a third copy of our blocks run inside :func:`_no_comm`, where
+``tensor.py``'s all-reduce, all-gather and reduce-scatter are local no-ops that return a
+tensor of the output shape. Each rank then multiplies exactly its sharded ``Linear`` shapes
+on the same input and moves nothing; ``step time / compute floor`` is above 1.0 by what the
+collectives (and, for DTensor, its per-operator bookkeeping) add.
 """
 
 from __future__ import annotations
@@ -181,7 +188,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             pair = []
             for sp in (False, True):
                 r = launch("benchmark_tensor:benchmark", ranks, steps, sp, a.batch, **model,
-                           quiet=True)[0]
+                           quiet=True, timeout=600)[0]
                 pair.append(r)
                 if rep:
                     continue  # the table shows the first launch; the ratios below all of them
@@ -195,12 +202,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
                       f"ours {o['over_floor']:.2f}, DTensor {d['over_floor']:.2f}")
             results.extend(pair)
             launches.append(_row(pair))
-        if a.repeats > 1:
-            for name in ("tp", "tp_sp"):
-                print(f"{name}, {a.repeats} launches: time ratio "
-                      f"{median_range(x['ratio'][name]['step'] for x in launches)}, ours / floor "
-                      f"{median_range(x['floor'][name]['ours'] for x in launches)}, DTensor / floor "
-                      f"{median_range(x['floor'][name]['torch'] for x in launches)}")
+        more = f", median [min-max] of {a.repeats} launches" if a.repeats > 1 else ""
+        for name, label in (("tp", "TP"), ("tp_sp", "TP + SP")):
+            if a.repeats > 1:
+                each = [x["ratio"][name]["step"] for x in launches]
+                print(f"{label}: time ratio (ours / DTensor) per launch: "
+                      f"{' '.join(f'{v:.3f}' for v in each)}; median {median_range(each)}")
+            print(f"{label}: step time / compute floor{more}: ours "
+                  f"{median_range(x['floor'][name]['ours'] for x in launches)}, PyTorch "
+                  f"{median_range(x['floor'][name]['torch'] for x in launches)}")
         if a.save:
             from tensor_reference import SerialBlock
 
