@@ -50,3 +50,17 @@ def test_markdown_names_the_run_and_lists_the_keys_under_a_prefix(tmp_path):
     assert "| zero1.step | 1.250 [1.000–1.500] | 2 |" in text
     assert "floor" not in text.split("\n", 1)[1]
     assert br.summary_rows(data, prefix="floor") == [["zero1", "2.500 [2.000–3.000]", 2]]
+
+
+def test_shared_options_refuse_a_count_below_one_in_one_sentence(capsys):
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="bench")
+    br.add_arguments(ap, "--launches", default=2)
+    a = ap.parse_args(["--save", "--results-dir", "/tmp/x"])
+    assert (a.launches, a.save, a.results_dir) == (2, True, "/tmp/x")
+    for bad, words in (("0", "0 must be at least 1"), ("2.5", "'2.5' is not a whole number")):
+        with pytest.raises(SystemExit) as exit_:
+            ap.parse_args(["--launches", bad])
+        assert exit_.value.code == 2
+        assert f"argument --launches: {words}" in capsys.readouterr().err

@@ -263,7 +263,7 @@ def render(data, layout: str):
 
 # ------------------------------------------------------------------ command line
 def main(argv: list[str] | None = None) -> list[dict]:
-    from shardlab.benchresults import load_average, write_results
+    from shardlab.benchresults import add_arguments, load_average, write_results
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
@@ -272,8 +272,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--steps", type=int, default=3, help="timed steps after the 2 traced ones")
     ap.add_argument("--bucket-mb", type=float, default=None,
                     help="MB per gradient bucket (default: about a quarter of the gradients)")
-    ap.add_argument("--save", action="store_true")
-    ap.add_argument("--results-dir", default=None)
+    add_arguments(ap, launches=None)
     ap.add_argument("--quick", action="store_true",
                     help="smallest size, 1 timed step, ranks 1 and 2 (the test)")
     a = ap.parse_args(argv)

@@ -60,7 +60,7 @@ import statistics
 
 # run as a script, Python puts this folder on sys.path; the ranks it launches find its
 # modules the same way (the launcher passes its sys.path on)
-from shardlab.benchresults import load_average, write_results
+from shardlab.benchresults import add_arguments, load_average, write_results
 from shardlab.runtime.allocator_peak import allocator_peak
 from shardlab.testing import bench_steps, compare_launches, median_range
 
@@ -220,8 +220,6 @@ if __name__ == "__main__":
     ap.add_argument("--size", choices=list(BENCH_SIZES), default="bench")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=None, help="timed steps (20 bench, 6 25m)")
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--save", action="store_true", help="write ddp_<size>_<ranks>ranks.json")
-    ap.add_argument("--results-dir", default=None, help="default: benchmarks/results")
+    add_arguments(ap)  # --repeats, --save (ddp_<size>_<ranks>ranks.json), --results-dir
     a = ap.parse_args()
     main(a.size, a.ranks, a.steps, a.repeats, a.save, a.results_dir)

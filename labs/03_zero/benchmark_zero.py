@@ -84,7 +84,7 @@ import statistics
 
 # run as a script, Python puts this folder on sys.path; the ranks it launches find its
 # modules the same way (the launcher passes its sys.path on)
-from shardlab.benchresults import load_average, write_results
+from shardlab.benchresults import add_arguments, load_average, write_results
 from shardlab.runtime.allocator_peak import allocator_peak
 from shardlab.testing import bench_steps, compare_launches, median_range
 
@@ -213,7 +213,7 @@ def ratios(res: list[dict]) -> dict[str, dict[str, float]]:
 
 def main(
     size: str = "bench", ranks: int = 2, steps: int | None = None, repeats: int = 1,
-    save: bool = False,
+    save: bool = False, results_dir: str | None = None,
 ) -> list[dict]:
     """Run ``repeats`` launches; print the first one per rank, then the ratios (median and
     range over the launches: gloo's worker threads make even the allocator peak vary).
@@ -250,7 +250,7 @@ def main(
             benchmark="lab 03 ZeRO-1 / ZeRO-2 vs DDP + ZeroRedundancyOptimizer (gloo, CPU)",
             config={"size": size, "ranks": ranks, "n_params": res[0]["n_params"],
                     "bucket_mb": BUCKET_MB[size], "batch": BATCH, **kw},
-            load_before=load_before,
+            load_before=load_before, directory=results_dir,
         )
         print(f"results written to {path.name}")
     return per_launch
@@ -261,7 +261,6 @@ if __name__ == "__main__":
     ap.add_argument("--size", choices=list(BENCH_SIZES), default="bench")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=None, help="timed steps (20 bench, 6 25m)")
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--save", action="store_true", help="write benchmarks/results/zero_*.json")
+    add_arguments(ap)  # --save: zero_<size>_<ranks>ranks.json
     a = ap.parse_args()
-    main(a.size, a.ranks, a.steps, a.repeats, a.save)
+    main(a.size, a.ranks, a.steps, a.repeats, a.save, a.results_dir)

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from _workers_checkpoint import TOTAL, fresh, train_step
 from _workers_fsdp import make_batches, make_model
-from shardlab.benchresults import load_average, write_results
+from shardlab.benchresults import add_arguments, load_average, write_results
 from shardlab.models import lm_loss, make_optimizer, rank_slice
 from shardlab.testing import median_range
 
@@ -182,12 +182,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
-    ap.add_argument("--launches", type=int, default=1, help="whole runs (median of them)")
-    ap.add_argument("--save", action="store_true", help="write checkpoint_d*_*ranks.json")
-    ap.add_argument("--results-dir", default=None, help="default: benchmarks/results")
+    add_arguments(ap, "--launches")  # --save: checkpoint_d<d>_<ranks>ranks.json
     a = ap.parse_args(argv)
-    if a.launches < 1:
-        raise ValueError(f"--launches {a.launches} must be >= 1")
     cfg = dict(d_model=a.d_model, n_layer=a.layers, vocab_size=a.vocab)
     load_before = load_average()
     every = [measure(a, cfg) for _ in range(a.launches)]

@@ -60,7 +60,7 @@ from _workers_fsdp import (
 from _workers_fsdp_hsdp import axis_bytes, hsdp_mesh, train_fsdp2_hsdp, train_hsdp
 from _workers_fsdp_perparam import train_pp
 from shardlab.accounting import hierarchical
-from shardlab.benchresults import load_average, write_results
+from shardlab.benchresults import add_arguments, load_average, write_results
 from shardlab.models import lm_loss, make_optimizer, rank_slice
 from shardlab.testing import median_range
 
@@ -238,12 +238,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--hsdp", action="store_true", help="HSDP 2 x 2 on 4 ranks vs FSDP2")
-    ap.add_argument("--repeats", type=int, default=1, help="launches per rank count")
-    ap.add_argument("--save", action="store_true", help="write one results file per rank count")
-    ap.add_argument("--results-dir", default=None, help="default: benchmarks/results")
+    add_arguments(ap)  # --repeats per rank count; --save: one file per rank count
     a = ap.parse_args(argv)
-    if a.repeats < 1:
-        raise ValueError(f"--repeats {a.repeats} must be >= 1")
     cfg = SIZES.get(a.size, {"d_model": a.d_model, "n_layer": a.layers})
     steps = a.steps or (10 if a.size == "fast" else 5)
     setting = {"size": a.size, "model": cfg, "batch": a.batch, "steps": steps, "warmup": 2,

@@ -71,7 +71,7 @@ from _timing_pipeline import _timing_rank
 from _workers_pipeline import SIZES, _broadcast_loss, build, config, microbatches, rank_stages
 from pipeline import split_stages
 from shardlab.accounting import pipeline as acc
-from shardlab.benchresults import load_average, write_results
+from shardlab.benchresults import add_arguments, load_average, write_results
 from shardlab.models import GPT, GPTConfig
 from shardlab.testing import median_range
 
@@ -467,12 +467,10 @@ def main(argv: list[str] | None = None):
         help="measured steps per launch (12 bench, 2 25m; --bubble: 10)",
     )
     ap.add_argument("--microbatches", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=3)
+    add_arguments(ap, default=3)  # --repeats; --save: one results file per rank count
     ap.add_argument("--bubble", action="store_true", help="measure the balanced-stage bubble")
     ap.add_argument("--mb-size", type=int, default=8, help="sequences per microbatch (--bubble)")
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
-    ap.add_argument("--save", action="store_true", help="write one results file per rank count")
-    ap.add_argument("--results-dir", default=None, help="default: benchmarks/results")
     a = ap.parse_args(argv)
     if a.bubble:
         return bubble(a.ranks or [2, 4], a.repeats, a.microbatches, a.mb_size, a.steps or 10,

@@ -151,7 +151,7 @@ def _row(pair: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    from shardlab.benchresults import load_average, write_results
+    from shardlab.benchresults import add_arguments, load_average, write_results
     from shardlab.runtime import launch
     from shardlab.testing import median_range
     from tensor_block import TPConfig
@@ -164,12 +164,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--save", action="store_true")
-    ap.add_argument("--results-dir", default=None)
+    add_arguments(ap)
     a = ap.parse_args(argv)
-    if a.repeats < 1:
-        ap.error(f"--repeats {a.repeats} must be at least 1")
     big = a.size == "25m"
     h = a.d_model or (SIZE_25M["d_model"] if big else 256)
     steps = a.steps or (SIZE_25M["steps"] if big else 10)

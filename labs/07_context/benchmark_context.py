@@ -30,7 +30,7 @@ import ring_attention as ra
 import torch.distributed as dist
 from _workers_context import VARIANTS, make_inputs, reference
 from ring_attention import CPConfig
-from shardlab.benchresults import load_average, write_results
+from shardlab.benchresults import add_arguments, load_average, write_results
 from shardlab.testing import median_range
 
 # run as a script, Python puts this folder on sys.path; the ranks it launches find these
@@ -82,12 +82,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-causal", action="store_true")
     ap.add_argument("--zigzag", action="store_true")
-    ap.add_argument("--launches", type=int, default=1, help="whole launches (median of them)")
-    ap.add_argument("--save", action="store_true", help="write context_<seq>_<ranks>ranks.json")
-    ap.add_argument("--results-dir", default=None, help="default: benchmarks/results")
+    add_arguments(ap, "--launches")  # --save: context_<seq>_<ranks>ranks.json
     a = ap.parse_args(argv)
-    if a.launches < 1:
-        raise ValueError(f"--launches {a.launches} must be >= 1")
     cfg = CPConfig(
         s=a.seq, c=a.ranks, heads=a.heads, kv_heads=a.kv_heads, head_dim=a.head_dim,
         causal=not a.no_causal, zigzag=a.zigzag,

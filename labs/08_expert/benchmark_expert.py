@@ -155,7 +155,7 @@ def _row(res: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    from shardlab.benchresults import load_average, write_results
+    from shardlab.benchresults import add_arguments, load_average, write_results
     from shardlab.runtime import launch
     from shardlab.testing import median_range
 
@@ -168,12 +168,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--capacity-factor", type=float, default=1.25)
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--save", action="store_true")
-    ap.add_argument("--results-dir", default=None)
+    add_arguments(ap)
     a = ap.parse_args(argv)
-    if a.repeats < 1:
-        ap.error(f"--repeats {a.repeats} must be at least 1")
     big = a.size == "25m"
     hidden = a.hidden or (SIZE_25M["hidden"] if big else 256)
     steps = a.steps or (SIZE_25M["steps"] if big else 20)

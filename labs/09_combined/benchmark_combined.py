@@ -157,7 +157,7 @@ def _row(res: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from shardlab.benchresults import load_average, write_results
+    from shardlab.benchresults import add_arguments, load_average, write_results
     from shardlab.runtime import launch
     from shardlab.testing import median_range
 
@@ -168,14 +168,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--h", type=int, default=None, help="default 128 (bench), 512 (25m)")
     ap.add_argument("--layers", type=int, default=None, help="default 4 (bench), 8 (25m)")
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--save", action="store_true")
-    ap.add_argument("--results-dir", default=None)
+    add_arguments(ap)
     a = ap.parse_args(argv)
     if a.ranks != FSDP_TP_MESH["G"]:
         ap.error(f"--ranks {a.ranks}: both sides are built on the 2x2 mesh, 4 ranks")
-    if a.repeats < 1:
-        ap.error(f"--repeats {a.repeats} must be at least 1")
     size = SIZES[a.size]
     h, layers, steps = a.h or size["h"], a.layers or size["layers"], a.steps or size["steps"]
     load_before, launches, first = load_average(), [], None

@@ -159,3 +159,27 @@ def markdown(data: dict, prefix: str = "ratio", fmt: str = "{:.3f}") -> str:
     lines = [provenance(data), "", "| quantity | median [min–max] | launches |", "|---|---|---|"]
     lines += [f"| {k} | {v} | {n} |" for k, v, n in summary_rows(data, fmt, prefix)]
     return "\n".join(lines)
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: a whole number of at least 1 (else one sentence, exit 2)."""
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} must be at least 1")
+    return n
+
+
+def add_arguments(ap, launches: str | None = "--repeats", default: int = 1) -> None:
+    """The options every benchmark shares: ``launches`` (a count of whole launches, at least
+    1; ``None``: none) and ``--save`` / ``--results-dir`` (:func:`write_results`)."""
+    if launches is not None:
+        ap.add_argument(launches, type=positive_int, default=default,
+                        help="whole launches (their median [min-max] is printed)")
+    ap.add_argument("--save", action="store_true", help="write the run as a results file")
+    ap.add_argument("--results-dir", default=None,
+                    help="where --save writes (default: benchmarks/results)")
