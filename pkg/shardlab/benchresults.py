@@ -140,24 +140,29 @@ def provenance(data: dict) -> str:
     )
 
 
-def summary_rows(data: dict, fmt: str = "{:.3f}", prefix: str = "") -> list[list[str]]:
+def summary_rows(
+    data: dict, fmt: str = "{:.3f}", prefix: str = "", skip: tuple[str, ...] = ()
+) -> list[list[str]]:
     """``[key, "median [min–max]", n]`` for every summary key under ``prefix`` (a top-level
     key of the launches' dicts, e.g. ``"ratio"``; ``""``: every key)."""
     dotted = f"{prefix}." if prefix else ""
     rows = []
     for key, s in data["summary"].items():
-        if not key.startswith(dotted):
+        if not key.startswith(dotted) or key.split(".")[0] in skip:
             continue
         lo, mid, hi = (fmt.format(s[k]) for k in ("min", "median", "max"))
         rows.append([key.removeprefix(dotted), mid if lo == hi else f"{mid} [{lo}–{hi}]", s["n"]])
     return rows
 
 
-def markdown(data: dict, prefix: str = "ratio", fmt: str = "{:.3f}") -> str:
+def markdown(
+    data: dict, prefix: str = "ratio", fmt: str = "{:.3f}", skip: tuple[str, ...] = ()
+) -> str:
     """The provenance sentence and a Markdown table of the summary keys under ``prefix``
-    (``"ratio"``: ours / PyTorch; ``"floor"``: over the compute floor; ``""``: all)."""
+    (``"ratio"``: ours / PyTorch; ``"floor"``: over the compute floor; ``""``: all), leaving
+    out the top-level keys in ``skip`` (e.g. ``"seconds"``)."""
     lines = [provenance(data), "", "| quantity | median [min–max] | launches |", "|---|---|---|"]
-    lines += [f"| {k} | {v} | {n} |" for k, v, n in summary_rows(data, fmt, prefix)]
+    lines += [f"| {k} | {v} | {n} |" for k, v, n in summary_rows(data, fmt, prefix, skip)]
     return "\n".join(lines)
 
 
