@@ -307,34 +307,54 @@ def test_fields_and_numbers_fit(browser, site, width):
 
 def test_load_time_cold_and_repeat(browser_type, browser_type_launch_args, site_answers,
                                    tmp_path):
-    """A repeat visit downloads nothing big again: every runtime file (Pyodide's wasm, the
-    wheels) comes from the browser's cache or is answered 304. Timed, not asserted on time
-    (a speed target is a benchmark's, and these machines are noisy): the figures are printed.
-    A persistent profile, as a reader's browser has: an ephemeral context keeps its cache in
-    memory and does not keep an entry as large as the 9 MB wasm (seen: re-downloaded every
-    visit). No request routing (Playwright's routing turns the HTTP cache off), so this
-    context is not offline-enforced; every other test's is, and they see no remote request."""
+    """A repeat visit downloads nothing big again (every runtime file, Pyodide's wasm and the
+    wheels, comes from the browser's cache or is answered 304) and restores the Python memory
+    snapshot the first visit stored instead of starting Python; so does the first visit to
+    another calculator page (the snapshot belongs to the build, not to a page). Timed, not
+    asserted on time (a speed target is a benchmark's, and these machines are noisy): the
+    figures are printed. A persistent profile, as a reader's browser has: an ephemeral
+    context keeps its cache in memory and does not keep an entry as large as the 9 MB wasm
+    (seen: re-downloaded every visit). No request routing (Playwright's routing turns the
+    HTTP cache off), so this context is not offline-enforced; every other test's is, and
+    they see no remote request."""
     base, answered = site_answers
     context = browser_type.launch_persistent_context(
         str(tmp_path / "profile"), **browser_type_launch_args, viewport={"width": 1280, "height": 900}
     )
-    times, visits = [], []
-    for _ in range(2):
+    pages = ("book/02_memory.html", "book/02_memory.html", "book/10_combining.html")
+    times, visits, snapshots, phases, navs = [], [], [], [], []
+    for page_path in pages:
         start = len(answered)
-        page, _, live = open_live(context, base, "book/02_memory.html")
+        page, _, live = open_live(context, base, page_path)
         times.append(live["readyAt"] / 1000)
-        phases = live["phases"]
+        phases.append(live["phases"])
+        # the first visit stores Python's memory snapshot once live; wait for it
+        page.wait_for_function("() => window.shardlabLive.snapshot.stored || "
+                               "window.shardlabLive.snapshot.restored || "
+                               "window.shardlabLive.snapshot.error", timeout=60000)
+        snapshots.append(page.evaluate("window.shardlabLive.snapshot"))
+        navs.append(page.evaluate(
+            "(({domInteractive: i, domContentLoadedEventStart: d, loadEventStart: l})"
+            " => ({parsed: Math.round(i), dom: Math.round(d), load: Math.round(l)}))"
+            "(performance.getEntriesByType('navigation')[0])"))
         page.close()
         visits.append(answered[start:])
     context.close()
     big = (".wasm", ".whl", ".zip", "pyodide.asm.js")
-    cold = [path for path, code in visits[0] if path.split("?")[0].endswith(big) and code == 200]
-    again = [path for path, code in visits[1] if path.split("?")[0].endswith(big) and code == 200]
+    got = [[path for path, code in v if path.split("?")[0].endswith(big) and code == 200] for v in visits]
     print(f"\nfirst live result, navigation start -> live: cold {times[0]:.1f} s, repeat visit "
-          f"{times[1]:.1f} s (phases of the repeat, ms: {phases}); runtime files downloaded: "
-          f"{len(cold)} cold, {len(again)} on the repeat visit")
-    assert cold, "the cold visit downloaded no runtime file: the check would prove nothing"
-    assert again == [], f"downloaded again on the repeat visit: {again}"
+          f"{times[1]:.1f} s, first visit to chapter 10 after them {times[2]:.1f} s; phases of "
+          f"the repeat, ms: {phases[1]}; the page's own: {navs[1]}; chapter 10: {phases[2]}, {navs[2]}; runtime files downloaded: "
+          f"{[len(g) for g in got]}; Python snapshot: {snapshots}")
+    # a fast (snapshot) start once requested the widget fonts from <page>/@jupyter-widgets/
+    missing = [path for v in visits for path, code in v if code == 404]
+    assert missing == [], f"not found: {missing}"
+    assert got[0], "the cold visit downloaded no runtime file: the check would prove nothing"
+    assert got[1] == [] and got[2] == [], f"downloaded again on a later visit: {got[1:]}"
+    assert snapshots[0].get("stored", 0) > 0, f"the first visit stored no Python snapshot: {snapshots[0]}"
+    for later in snapshots[1:]:
+        assert later.get("restored") == snapshots[0]["stored"] and "error" not in later, (
+            f"a later visit did not restore the stored snapshot: {snapshots}")
 
 
 def test_stored_view_stays_when_python_cannot_start(browser, site):

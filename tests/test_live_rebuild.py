@@ -85,6 +85,40 @@ def test_every_stored_calculator_rebuilds_to_its_stored_output(nb_path, sent):
     assert set(result["views"].values()) <= opened
 
 
+def test_rebuilding_renders_once_with_every_stored_input(monkeypatch):
+    """The page sets a calculator's stored inputs one by one; each used to re-render (the
+    chapter 10 planner: 22 searches, 5.5 s of a repeat visit's 7.3 s in Chromium). Under
+    ``box.hold()``, with the factory's render of the defaults deferred, the rebuild renders
+    once, with the stored inputs, and still shows exactly the stored output."""
+    from shardlab.widgets import planner
+
+    state, ids = stored(ROOT / "book" / "10_combining.ipynb")
+    models = state["state"]
+    (box_id,) = [i for i in ids if live._title(models, i) == "Layout planner"]
+    changed = sum(
+        1 for stored_state, default in zip(
+            live._stored_controls(models, box_id),
+            [c for row in planner.planner_calculator().children[1:-1] for c in row.children],
+            strict=True,
+        )
+        if stored_state.get("value", stored_state.get("index")) != getattr(
+            default, "value" if "value" in stored_state else "index")
+    )
+    assert changed >= 2, "the stored planner differs from the defaults in too few inputs to tell"
+    renders = []
+    real = planner.render_planner
+    monkeypatch.setattr(planner, "render_planner", lambda **kw: renders.append(1) or real(**kw))
+    box = live.rebuild(models, box_id)
+    assert len(renders) == 1, f"{len(renders)} renders for {changed} changed inputs"
+    assert box.output.value == live.stored_output(models, box_id)
+    # outside hold() an edit renders at once again
+    box.controls["layers"].value = "100"
+    assert len(renders) == 2
+    # and a calculator built outside the rebuild renders its defaults at once
+    planner.planner_calculator()
+    assert len(renders) == 3
+
+
 def test_an_edit_from_the_page_reaches_the_calculator_and_comes_back(sent):
     state, ids = stored(ROOT / "book" / "02_memory.ipynb")
     result = json.loads(live.rebuild_page(json.dumps(state), json.dumps(ids)))
@@ -165,3 +199,61 @@ def test_a_selected_machine_preset_survives_trying_another(sent, monkeypatch):
     assert (c["alpha_us"].value, c["beta_gbps"].value) == comm_widgets.PRESETS[other]
     c["preset"].value = comm_widgets.THIS_MACHINE
     assert (c["alpha_us"].value, c["beta_gbps"].value) == (alpha, beta)
+
+
+PRELOAD_PROBE = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from shardlab.widgets import live
+from _stored_pages import pages  # json only
+live.preload()
+before = set(sys.modules)
+live.install_bridge(lambda text: None)
+boxes = []
+for state, ids in pages(sys.argv[2:]):
+    json.loads(live.rebuild_page(json.dumps({"state": state}), json.dumps(ids)))
+boxes = list(live._live.values())
+edits = 0
+for box in boxes:  # every control of every calculator, edited once: its observers run
+    for name, control in box.controls.items():
+        if getattr(control, "options", None):
+            control.index = (control.index + 1) % len(control.options) if control.index is not None else 0
+        elif isinstance(control.value, bool):
+            control.value = not control.value
+        elif isinstance(control.value, str):
+            control.value = "3"
+        else:
+            control.value = control.value + 1
+        edits += 1
+new = sorted(m for m in set(sys.modules) - before if m.split(".")[0] not in sys.stdlib_module_names)
+print(json.dumps({"calculators": len(boxes), "edits": edits, "new": new}))
+"""
+
+
+def test_preload_imports_everything_the_live_page_imports_later(tmp_path):
+    """A repeat visit restores a memory snapshot of Python taken after live.preload(): the
+    restored Python has no wheel files, so a module outside the standard library first
+    imported after preload() would fail on the page (seen: shardlab.widgets._fields). In a
+    fresh interpreter: preload, rebuild every stored calculator of the book, edit every
+    control once; nothing outside the standard library may be imported after preload()."""
+    import subprocess
+    import sys
+
+    (tmp_path / "_stored_pages.py").write_text(
+        "import json\n"
+        "def pages(paths):\n"
+        "    for p in paths:\n"
+        "        nb = json.load(open(p))\n"
+        f"        state = nb['metadata']['widgets'][{STATE_MIME!r}]['state']\n"
+        f"        ids = [o['data'][{VIEW_MIME!r}]['model_id'] for c in nb['cells']\n"
+        "               if c['cell_type'] == 'code' for o in c.get('outputs', [])\n"
+        f"               if {VIEW_MIME!r} in o.get('data', {{}})]\n"
+        "        yield state, ids\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", PRELOAD_PROBE, str(tmp_path), *map(str, NOTEBOOKS)],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout
+    got = json.loads(out.splitlines()[-1])
+    assert got["calculators"] >= len(live.CALCULATORS) and got["edits"] > 50, got
+    assert got["new"] == [], f"imported after preload(): {got['new']}"

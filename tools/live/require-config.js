@@ -8,5 +8,14 @@
 (function () {
   "use strict";
   const staticURL = new URL("..", document.currentScript.src).href.replace(/\/$/, "");
-  window.requirejs.config({ paths: { "@jupyter-widgets/html-manager/dist": staticURL } });
+  const paths = { "@jupyter-widgets/html-manager/dist": staticURL };
+  // The other modules embed-amd.js defines find their fonts the same way, next to their own
+  // URL, which is <page folder>/@jupyter-widgets/ unless given here; the live calculators'
+  // widget manager (shardlab-live.js) requires "@jupyter-widgets/html-manager" itself, and on a
+  // fast (snapshot) start it does so before embed-amd has rendered the stored views: six font
+  // 404s again. These names are only URLs for the fonts: embed-amd.js defines the modules.
+  for (const name of ["base", "base7", "controls", "controls7", "html-manager"]) {
+    paths["@jupyter-widgets/" + name] = staticURL + "/jupyter-widgets-" + name;
+  }
+  window.requirejs.config({ paths });
 })();

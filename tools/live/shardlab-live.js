@@ -44,6 +44,7 @@
     readyMs: null,
     readyAt: null,
     phases: {}, // ms from navigation start at which each step finished
+    snapshot: {}, // bytes restored / stored (a repeat visit restores Python's memory), error
 
     errors: [],
     calculators: 0,
@@ -127,19 +128,99 @@
   // the document is parsed, so that it does not hold back the page's text and stored views,
   // but before the page's images, math and fonts are done.
   const lockURL = pyBase + "pyodide-lock.json";
-  const loader = Promise.all([import(pyBase + "pyodide.mjs"), fetch(lockURL).then((r) => r.json())]);
+  const loader = Promise.all([import(pyBase + "pyodide.mjs"), fetch(lockURL).then((r) => r.text())]);
+
+  // A repeat visit restores a memory snapshot of Python instead of starting it: the first
+  // visit starts Python, installs the wheels, imports what the calculators need
+  // (shardlab.widgets.live.preload) and, before any JavaScript object is handed to Python,
+  // copies Python's memory (Pyodide's makeMemorySnapshot); once the page is live it stores
+  // the copy in the browser's Cache Storage. The key is the lock file's SHA-256, which
+  // names every wheel's SHA-256 and Pyodide's version, so a new book build never restores
+  // an old Python (Pyodide also refuses a snapshot of another build). Any failure here
+  // falls back to starting Python as on a first visit.
+  const SNAPSHOT_CACHE = "shardlab-live-snapshot";
+  let snapshotToStore = null; // [key, bytes] made on this visit, stored once the page is live
+  async function snapshotKey(lockText) {
+    const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(lockText));
+    const hex = [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("");
+    return pyBase + "python-memory-" + hex + ".bin";
+  }
+  const cacheOpened = window.caches ? caches.open(SNAPSHOT_CACHE) : Promise.resolve(null);
+  cacheOpened.catch(() => {});
+  async function readSnapshot(key) {
+    if (!window.caches || !key) return null;
+    const cache = await cacheOpened;
+    phase("cache-open");
+    const hit = await cache.match(key);
+    phase("cache-match");
+    return hit ? new Uint8Array(await hit.arrayBuffer()) : null;
+  }
+  async function storeSnapshot() {
+    if (!snapshotToStore) return;
+    const [key, bytes] = snapshotToStore;
+    snapshotToStore = null;
+    const cache = await caches.open(SNAPSHOT_CACHE);
+    for (const old of await cache.keys()) await cache.delete(old); // another build's
+    await cache.put(key, new Response(bytes, { headers: { "Content-Type": "application/octet-stream" } }));
+    live.snapshot.stored = bytes.length;
+  }
+
   const pyodideReady = (async () => {
-    const [{ loadPyodide }, lock] = await loader;
-    await domReady;
-    const py = await loadPyodide({
+    const [{ loadPyodide }, lockText] = await loader;
+    phase("loader");
+    const lock = JSON.parse(lockText);
+    const common = {
       indexURL: pyBase,
       lockFileURL: lockURL,
       packageBaseUrl: pyBase,
-      packages: Object.keys(lock.packages),
       stdout: (s) => console.log("[python]", s),
       stderr: (s) => console.warn("[python]", s),
-    });
+    };
+    let key = null;
+    let saved = null;
+    try {
+      key = await snapshotKey(lockText);
+      phase("snapshot-key");
+      saved = await readSnapshot(key);
+      phase("snapshot-read");
+    } catch (err) {
+      live.snapshot.error = String(err); // no Cache Storage (not a secure context): start Python
+    }
+    if (saved) {
+      // restoring is a fraction of a second of main-thread work: no need to let the
+      // document finish parsing first
+      try {
+        const py = await loadPyodide({ ...common, _loadSnapshot: saved });
+        py.pyimport("shardlab.widgets.live"); // imported before the snapshot: nothing to load
+        live.snapshot.restored = saved.length;
+        phase("pyodide+wheels");
+        return py;
+      } catch (err) {
+        console.warn("shardlab live: the stored Python snapshot did not restore; starting Python", err);
+        live.snapshot.error = String(err);
+        caches.delete(SNAPSHOT_CACHE).catch(() => {});
+      }
+    }
+    await domReady;
+    const py = await loadPyodide({ ...common, packages: Object.keys(lock.packages), _makeSnapshot: true });
     phase("pyodide+wheels");
+    py.pyimport("shardlab.widgets.live").preload();
+    if (key && window.caches) {
+      // The snapshot checks that Pyodide's table of installed packages is still empty, as it
+      // is when Python has started (it is the same JavaScript object Python refers to); a
+      // restored Python installs nothing, so empty it for the copy and refill it afterwards.
+      const installed = py.loadedPackages;
+      const names = { ...installed };
+      for (const name of Object.keys(names)) delete installed[name];
+      try {
+        snapshotToStore = [key, py.makeMemorySnapshot()];
+      } catch (err) {
+        console.warn("shardlab live: no Python snapshot for later visits", err);
+        live.snapshot.error = String(err);
+      } finally {
+        Object.assign(installed, names);
+      }
+    }
     return py;
   })();
   pyodideReady.catch(() => {}); // reported by start(), which awaits it
@@ -280,8 +361,12 @@
       "loading",
     );
 
+    // the widget manager's scripts load while Python starts, not after
+    const managerReady = requireModule("@jupyter-widgets/html-manager");
     const pyodide = await pyodideReady;
-    const htmlManager = await requireModule("@jupyter-widgets/html-manager");
+    phase("python");
+    const htmlManager = await managerReady;
+    phase("manager");
     const manager = new htmlManager.HTMLManager({
       loader: (name) => Promise.reject(new Error(`shardlab live: no widget module ${name}`)),
     });
@@ -396,5 +481,10 @@
     .finally(() => {
       clearTimeout(timer);
       pageLoaded.then(focusableScrollers);
+      // after the page is live: writing tens of MB must not delay the first result
+      if (live.state === "ready") storeSnapshot().catch((err) => {
+        console.warn("shardlab live: could not store the Python snapshot", err);
+        live.snapshot.error = String(err);
+      });
     });
 })();

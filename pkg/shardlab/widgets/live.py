@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import comm as comm_widgets
+from ._common import first_render_deferred
 from .activations import activations_calculator
 from .batch import batch_calculator
 from .comm import comm_calculator
@@ -46,6 +47,16 @@ CALCULATORS: dict[str, Callable[..., Any]] = {
     "Compute versus communication": overlap_calculator,
     "The batch the optimizer tolerates": batch_calculator,
 }
+# Every module outside the standard library that the live page imports after this one
+# (the calculators import ipywidgets when they are built; the bridge imports comm). The page
+# calls preload() before it takes a memory snapshot of Python (shardlab-live.js): a later
+# visit restores that snapshot instead of starting Python and importing again, and the
+# restored Python has the standard library's files but not the wheels' (the files are not in
+# the snapshot), so a module first imported after a restore would not be found. preload()
+# also imports every module of this package.
+# tests/test_live_rebuild.py checks that rebuilding and editing every stored calculator after
+# preload() imports nothing else from outside the standard library.
+PRELOAD = ("comm", "comm.base_comm", "ipywidgets", "ipywidgets.widgets.widget", "traitlets")
 _SELECTION = ("_options_labels", "index")
 _live: dict[str, Any] = {}  # stored view model id -> rebuilt calculator (keeps them alive)
 _send: Callable[[str], None] | None = None
@@ -108,7 +119,8 @@ def rebuild(models: dict[str, Any], box_id: str) -> Any:
     title = _title(models, box_id)
     if title not in CALCULATORS:
         raise ValueError(f"widget {box_id} is not a shardlab calculator (title {title!r})")
-    box = CALCULATORS[title]()
+    with first_render_deferred():  # rendered once below, with the stored inputs
+        box = CALCULATORS[title]()
     stored = _stored_controls(models, box_id)
     rows = [row.children for row in box.children[1:-1]]
     widgets = [w for row in rows for w in row]
@@ -117,8 +129,9 @@ def rebuild(models: dict[str, Any], box_id: str) -> Any:
             f"calculator {title!r}: {len(stored)} stored controls but the calculator has "
             f"{len(widgets)}; rebuild the book's notebooks (make execute)"
         )
-    for widget, state in zip(widgets, stored, strict=True):
-        _apply(widget, state)
+    with box.hold():  # one render with every stored input, not one per input
+        for widget, state in zip(widgets, stored, strict=True):
+            _apply(widget, state)
     if CALCULATORS[title] is comm_calculator:
         _keep_selected_preset(box)
     return box
@@ -138,6 +151,20 @@ def _keep_selected_preset(box: Any) -> None:
 def stored_output(models: dict[str, Any], box_id: str) -> str:
     """The HTML the stored calculator showed (its last child, an HTML widget)."""
     return models[_ref(models[box_id]["state"]["children"][-1])]["state"]["value"]
+
+
+def preload() -> None:
+    """Import :data:`PRELOAD` and every module of ``shardlab.widgets`` (several import
+    ipywidgets, so the calculators import them only when built) before the page snapshots
+    Python's memory."""
+    import importlib
+    import pkgutil
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    package = __name__.rpartition(".")[0]
+    for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        importlib.import_module(f"{package}.{info.name}")
 
 
 def rebuild_page(state_json: str, view_ids_json: str) -> str:
