@@ -73,7 +73,17 @@ What limits the ratios above 1.0, measured:
   alloc 1.091; ZeRO-1 alloc 1.213. On a saturated machine an overlapped collective competes
   with backward for the same cores. gloo's all-reduce + slice measured within noise of its
   reduce-scatter (0.078-0.080 s against 0.082-0.086 s at 25 MB), so the lab keeps the
-  reduce-scatter the book counts. ``--save`` writes
+  reduce-scatter the book counts. Idle rerun, 2026-12-03 (1-minute load below 0.8 before each
+  launch), 25m: ZeRO-1 1.120 [1.058-1.160] on 2 ranks, 1.110 [1.105-1.124] on 4; ZeRO-2 0.984
+  [0.942-1.013] and 0.924 [0.876-0.982]. What keeps ZeRO-1 above ZeRO-2 is local work, not
+  bytes (both move the same): the owner-major ``(D, S)`` layout leaves each chunk's ``D``
+  pieces apart, so every reduce-scatter needs a packed send copy and every all-gather a receive
+  buffer copied back, each a fresh bucket-sized allocation (ZeRO-2's buckets are contiguous and
+  gather in place). Measured: keeping the send buffers between steps gave 1.047 but a trace
+  peak of 1.165 (four 26 MB buffers kept); reusing finished ones within a backward, no gain;
+  a quarter-size chunk 0 (the exposed last reduce-scatter and first all-gather), 1.200. A
+  chunk-major layout (ZeRO-2's buckets with full gradients kept) would remove both copies.
+  ``--save`` writes
   ``benchmarks/results/zero_<size>_<ranks>ranks.json``.
 """
 
