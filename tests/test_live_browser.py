@@ -357,6 +357,26 @@ def test_load_time_cold_and_repeat(browser_type, browser_type_launch_args, site_
             f"a later visit did not restore the stored snapshot: {snapshots}")
 
 
+def test_icon_buttons_keep_their_names_when_icons_are_replaced_late(ctx, site):
+    """Font Awesome turns the theme button's icons into SVG at a moment that varies; an
+    <svg><title> arriving after the page's name fix once gave axe a serious
+    label-content-name-mismatch on chapter 0 (one run in three of the suite). Simulate the
+    late replacement: the fix must run again and axe must stay clean."""
+    base, _ = site
+    page, _, _ = open_live(ctx, base, "book/00_one_device.html")
+    page.evaluate("""() => {
+      const b = document.querySelector('.theme-switch-button');
+      b.insertAdjacentHTML('beforeend',
+        '<svg class="late" role="img"><title>Light</title><path d="M0 0h1v1z"/></svg>');
+    }""")
+    page.wait_for_function("() => !document.querySelector('.theme-switch-button svg.late > title')",
+                           timeout=2000)
+    text = page.evaluate("document.querySelector('.theme-switch-button').textContent.trim()")
+    assert text == ""
+    assert lp.axe_violations(page) == []
+    page.close()
+
+
 def test_stored_view_stays_when_python_cannot_start(browser, site):
     base, _ = site
     context = lp.offline_context(browser, base)

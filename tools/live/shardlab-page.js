@@ -10,6 +10,12 @@
   "use strict";
   function fix() {
     for (const el of document.querySelectorAll("button[aria-label], a[aria-label], summary[aria-label]")) {
+      // an icon font script turns an <i title="Light"> into <svg><title>Light</title>: text
+      // the button does not show, which would become part of its name
+      for (const t of el.querySelectorAll("svg > title")) {
+        t.parentElement.dataset.title = t.textContent;
+        t.remove();
+      }
       const label = el.getAttribute("aria-label").trim();
       const text = el.textContent.replace(/\s+/g, " ").trim();
       if (!text) {
@@ -28,6 +34,22 @@
       el.removeAttribute("aria-label");
     }
   }
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", fix);
-  else fix();
+  // Font Awesome replaces the icons after DOMContentLoaded, at a moment that varies from run
+  // to run (axe once found the theme button's name changed): fix again after each change to
+  // the page, at most once a frame.
+  let queued = false;
+  function later() {
+    if (queued) return;
+    queued = true;
+    requestAnimationFrame(() => {
+      queued = false;
+      fix();
+    });
+  }
+  function start() {
+    fix();
+    new MutationObserver(later).observe(document.body, { childList: true, subtree: true });
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
 })();
