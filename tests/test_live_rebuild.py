@@ -88,7 +88,7 @@ def test_every_stored_calculator_rebuilds_to_its_stored_output(nb_path, sent):
 def test_rebuilding_renders_once_with_every_stored_input(monkeypatch):
     """The page sets a calculator's stored inputs one by one; each used to re-render (the
     chapter 10 planner: 22 searches, 5.5 s of a repeat visit's 7.3 s in Chromium). Under
-    ``box.hold()``, with the factory's render of the defaults deferred, the rebuild renders
+    ``renders_held()`` (the factory's render of the defaults included) the rebuild renders
     once, with the stored inputs, and still shows exactly the stored output."""
     from shardlab.widgets import planner
 
@@ -111,7 +111,7 @@ def test_rebuilding_renders_once_with_every_stored_input(monkeypatch):
     box = live.rebuild(models, box_id)
     assert len(renders) == 1, f"{len(renders)} renders for {changed} changed inputs"
     assert box.output.value == live.stored_output(models, box_id)
-    # outside hold() an edit renders at once again
+    # outside renders_held() an edit renders at once again
     box.controls["layers"].value = "100"
     assert len(renders) == 2
     # and a calculator built outside the rebuild renders its defaults at once
@@ -203,15 +203,14 @@ def test_a_selected_machine_preset_survives_trying_another(sent, monkeypatch):
 
 PRELOAD_PROBE = r"""
 import json, sys
-sys.path.insert(0, sys.argv[1])
 from shardlab.widgets import live
-from _stored_pages import pages  # json only
+pages = json.load(open(sys.argv[1]))  # [(widget state, displayed ids)] of every notebook
 live.preload()
 before = set(sys.modules)
 live.install_bridge(lambda text: None)
 boxes = []
-for state, ids in pages(sys.argv[2:]):
-    json.loads(live.rebuild_page(json.dumps({"state": state}), json.dumps(ids)))
+for state, ids in pages:
+    json.loads(live.rebuild_page(json.dumps(state), json.dumps(ids)))
 boxes = list(live._live.values())
 edits = 0
 for box in boxes:  # every control of every calculator, edited once: its observers run
@@ -239,19 +238,10 @@ def test_preload_imports_everything_the_live_page_imports_later(tmp_path):
     import subprocess
     import sys
 
-    (tmp_path / "_stored_pages.py").write_text(
-        "import json\n"
-        "def pages(paths):\n"
-        "    for p in paths:\n"
-        "        nb = json.load(open(p))\n"
-        f"        state = nb['metadata']['widgets'][{STATE_MIME!r}]['state']\n"
-        f"        ids = [o['data'][{VIEW_MIME!r}]['model_id'] for c in nb['cells']\n"
-        "               if c['cell_type'] == 'code' for o in c.get('outputs', [])\n"
-        f"               if {VIEW_MIME!r} in o.get('data', {{}})]\n"
-        "        yield state, ids\n"
-    )
+    pages = tmp_path / "pages.json"
+    pages.write_text(json.dumps([stored(p) for p in NOTEBOOKS]))
     out = subprocess.run(
-        [sys.executable, "-c", PRELOAD_PROBE, str(tmp_path), *map(str, NOTEBOOKS)],
+        [sys.executable, "-c", PRELOAD_PROBE, str(pages)],
         capture_output=True, text=True, timeout=300, check=True,
     ).stdout
     got = json.loads(out.splitlines()[-1])

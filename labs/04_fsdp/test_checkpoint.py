@@ -16,8 +16,8 @@ Tolerances, and why:
   ``ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1`` (make test-slow's portable pass, an
   AVX-512 Xeon, 2026-12-03: scalar kernels sum in other orders, so ``d`` is larger). A
   resharding bug moves weights by whole updates, ~lr = 1e-2, which is ~84,000 ulps at scale
-  1: 16 is far below that and 3x above the largest rounding seen. Raw per-element ulps are reported, not bounded,
-  because an element near 0 has a tiny ulp of its own (seen up to 480). The attention key
+  1: 16 is far below that and 3x above the largest rounding seen. Raw per-element ulps are
+  reported, not bounded, because an element near 0 has a tiny ulp of its own (seen up to 480). The attention key
   bias has an exactly zero gradient, so Adam turns rounding noise into updates of ~lr: there
   we allow ``lr / 100`` absolute as test_fsdp.py does (seen 1.3e-6 with lr = 1e-2).
 """

@@ -152,14 +152,9 @@
     const hex = [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("");
     return pyBase + "python-memory-" + hex + ".bin";
   }
-  const cacheOpened = window.caches ? caches.open(SNAPSHOT_CACHE) : Promise.resolve(null);
-  cacheOpened.catch(() => {});
   async function readSnapshot(key) {
-    if (!window.caches || !key) return null;
-    const cache = await cacheOpened;
-    phase("cache-open");
-    const hit = await cache.match(key);
-    phase("cache-match");
+    if (!window.caches) return null;
+    const hit = await (await caches.open(SNAPSHOT_CACHE)).match(key);
     return hit ? new Uint8Array(await hit.arrayBuffer()) : null;
   }
   async function storeSnapshot() {
@@ -174,7 +169,6 @@
 
   const pyodideReady = (async () => {
     const [{ loadPyodide }, lockText] = await loader;
-    phase("loader");
     const lock = JSON.parse(lockText);
     const common = {
       indexURL: pyBase,
@@ -187,7 +181,6 @@
     let saved = null;
     try {
       key = await snapshotKey(lockText);
-      phase("snapshot-key");
       saved = await readSnapshot(key);
       phase("snapshot-read");
     } catch (err) {

@@ -8,8 +8,9 @@
  */
 (function () {
   "use strict";
+  const LABELLED = "button[aria-label], a[aria-label], summary[aria-label]";
   function fix() {
-    for (const el of document.querySelectorAll("button[aria-label], a[aria-label], summary[aria-label]")) {
+    for (const el of document.querySelectorAll(LABELLED)) {
       // an icon font script turns an <i title="Light"> into <svg><title>Light</title>: text
       // the button does not show, which would become part of its name
       for (const t of el.querySelectorAll("svg > title")) {
@@ -35,8 +36,9 @@
     }
   }
   // Font Awesome replaces the icons after DOMContentLoaded, at a moment that varies from run
-  // to run (axe once found the theme button's name changed): fix again after each change to
-  // the page, at most once a frame.
+  // to run (axe once found the theme button's name changed): fix again when the inside of a
+  // labelled element changes (only those are watched, not the calculators' updates), at most
+  // once a frame.
   let queued = false;
   function later() {
     if (queued) return;
@@ -48,7 +50,10 @@
   }
   function start() {
     fix();
-    new MutationObserver(later).observe(document.body, { childList: true, subtree: true });
+    const watch = new MutationObserver(later);
+    for (const el of document.querySelectorAll(LABELLED)) {
+      watch.observe(el, { childList: true, subtree: true });
+    }
   }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
   else start();

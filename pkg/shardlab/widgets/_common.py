@@ -223,18 +223,20 @@ def safe_html(render: Callable[..., str], **kwargs: Any) -> str:
 # --------------------------------------------------------------------------- widgets
 
 
-_first_render_deferred = [False]
+_renders_held = [False]
 
 
 @contextlib.contextmanager
-def first_render_deferred():
-    """Calculators built inside skip their initial render: the caller renders them itself
-    (the live page's rebuild, at the end of ``box.hold()``, once the stored inputs are set)."""
-    _first_render_deferred[0] = True
+def renders_held():
+    """Calculators neither render when built inside nor when their controls change inside:
+    the caller renders each once afterwards with ``box.update()`` (the live page's rebuild
+    sets a calculator's stored inputs one by one: chapter 10's planner searched 22 times
+    instead of once, 4 s in CPython)."""
+    _renders_held[0] = True
     try:
         yield
     finally:
-        _first_render_deferred[0] = False
+        _renders_held[0] = False
 
 
 def build_calculator(
@@ -249,12 +251,10 @@ def build_calculator(
 
     ``convert`` maps the raw control values to ``render``'s keyword arguments (parsing text
     fields); any exception it or ``render`` raises becomes the red sentence. The returned
-    box has ``.controls`` (name -> widget), ``.output`` (the HTML widget), ``.update()``
-    (re-render now; returns the HTML) and ``.hold()``, a context manager under which control
-    changes do not re-render, one render following at its end (the live page sets a
-    calculator's stored inputs one by one: 22 planner searches instead of 1, 4 s in CPython).
-    The initial render happens here (unless built under :func:`first_render_deferred`), so
-    the default table/chart is in the widget state before any kernel callback runs.
+    box has ``.controls`` (name -> widget), ``.output`` (the HTML widget) and ``.update()``
+    (re-render now; returns the HTML). The initial render happens here (unless built under
+    :func:`renders_held`), so the default table/chart is in the widget state before any
+    kernel callback runs.
 
     Number inputs become :class:`~._fields.NumberField` text boxes (``1e9`` is accepted
     everywhere; a field that does not hold a number is refused naming its label), and an
@@ -286,10 +286,8 @@ def build_calculator(
         layout=w.Layout(border="1px solid #ddd", padding="6px", max_width="100%"),
     )
 
-    held = [False]
-
     def update(*_: Any) -> str:
-        if held[0]:
+        if _renders_held[0]:
             return output.value
         try:
             values = {
@@ -308,18 +306,7 @@ def build_calculator(
     box.controls = controls
     box.output = output
     box.update = update
-
-    @contextlib.contextmanager
-    def hold():
-        held[0] = True
-        try:
-            yield box
-        finally:
-            held[0] = False
-            update()
-
-    box.hold = hold
-    if not _first_render_deferred[0]:
+    if not _renders_held[0]:
         update()
     return box
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import comm as comm_widgets
-from ._common import first_render_deferred
+from ._common import renders_held
 from .activations import activations_calculator
 from .batch import batch_calculator
 from .comm import comm_calculator
@@ -119,19 +119,19 @@ def rebuild(models: dict[str, Any], box_id: str) -> Any:
     title = _title(models, box_id)
     if title not in CALCULATORS:
         raise ValueError(f"widget {box_id} is not a shardlab calculator (title {title!r})")
-    with first_render_deferred():  # rendered once below, with the stored inputs
-        box = CALCULATORS[title]()
     stored = _stored_controls(models, box_id)
-    rows = [row.children for row in box.children[1:-1]]
-    widgets = [w for row in rows for w in row]
-    if len(widgets) != len(stored):
-        raise ValueError(
-            f"calculator {title!r}: {len(stored)} stored controls but the calculator has "
-            f"{len(widgets)}; rebuild the book's notebooks (make execute)"
-        )
-    with box.hold():  # one render with every stored input, not one per input
+    with renders_held():  # one render below, with every stored input, not one per input
+        box = CALCULATORS[title]()
+        rows = [row.children for row in box.children[1:-1]]
+        widgets = [w for row in rows for w in row]
+        if len(widgets) != len(stored):
+            raise ValueError(
+                f"calculator {title!r}: {len(stored)} stored controls but the calculator has "
+                f"{len(widgets)}; rebuild the book's notebooks (make execute)"
+            )
         for widget, state in zip(widgets, stored, strict=True):
             _apply(widget, state)
+    box.update()
     if CALCULATORS[title] is comm_calculator:
         _keep_selected_preset(box)
     return box
