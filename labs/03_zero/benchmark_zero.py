@@ -75,14 +75,25 @@ What limits the ratios above 1.0, measured:
   reduce-scatter (0.078-0.080 s against 0.082-0.086 s at 25 MB), so the lab keeps the
   reduce-scatter the book counts. Idle rerun, 2026-12-03 (1-minute load below 0.8 before each
   launch), 25m: ZeRO-1 1.120 [1.058-1.160] on 2 ranks, 1.110 [1.105-1.124] on 4; ZeRO-2 0.984
-  [0.942-1.013] and 0.924 [0.876-0.982]. What keeps ZeRO-1 above ZeRO-2 is local work, not
+  [0.942-1.013] and 0.924 [0.876-0.982]. What kept ZeRO-1 above ZeRO-2 was local work, not
   bytes (both move the same): the owner-major ``(D, S)`` layout leaves each chunk's ``D``
-  pieces apart, so every reduce-scatter needs a packed send copy and every all-gather a receive
-  buffer copied back, each a fresh bucket-sized allocation (ZeRO-2's buckets are contiguous and
-  gather in place). Measured: keeping the send buffers between steps gave 1.047 but a trace
-  peak of 1.165 (four 26 MB buffers kept); reusing finished ones within a backward, no gain;
-  a quarter-size chunk 0 (the exposed last reduce-scatter and first all-gather), 1.200. A
-  chunk-major layout (ZeRO-2's buckets with full gradients kept) would remove both copies.
+  pieces apart, so every ``reduce_scatter_single`` needed a packed send copy and every
+  ``all_gather_single`` a receive buffer copied back, each a fresh bucket-sized allocation on
+  the training thread. Tried first: keeping the send buffers between steps, 1.047 but a trace
+  peak of 1.165; reusing finished ones within a backward, no gain; a quarter-size chunk 0,
+  1.200. What worked (2026-12-04): the list forms ``reduce_scatter`` / ``all_gather``, which
+  take the rows' views as they are (gloo still runs an all-reduce of a copy, made on its own
+  thread; the same wire bytes). Idle, 25m, per run of 3 launches: ZeRO-1 on 2 ranks 0.889,
+  0.966, 0.926, 0.928, 0.898 (alloc peak 0.95-0.97, before 1.10-1.19), on 4 ranks 0.941,
+  0.958 (alloc 0.92-0.94); ZeRO-2 (stored runs) 1.028 [1.008-1.221] on 2 ranks, 1.010
+  [1.008-1.128] on 4. ZeRO-2 with the list form reduce-scatter: time within noise of the single-tensor form
+  (1.064, 1.018 against 1.051, 1.137 on 2 ranks, alternated), alloc peak 0.909 against 0.999
+  (gloo no longer copies the whole bucket). What keeps ZeRO-2 near 1.05 on 2 ranks: the
+  reduce-scatters still queued when backward ends, 50-80 ms per step waited for in
+  ``finish_gradient_synchronization`` (phase timing, 2 ranks: forward 103, backward 300, finish
+  81, step 52 ms against PyTorch's 100 / 326 / 0 / 126); DDP starts with a 1 MB first bucket
+  and ends inside backward. Smaller last buckets (a change to exercise 4's bucketing) would
+  shorten that tail.
   ``--save`` writes
   ``benchmarks/results/zero_<size>_<ranks>ranks.json``.
 """

@@ -14,28 +14,36 @@ buffer (copied in once per step; later microbatches accumulate in place).
 Collectives, chunk by chunk (``bucket_size_mb``), so the temporaries are bucket-sized, never
 ``D S``. For each piece ``[lo, hi)`` of the segments:
 
-1. ``reduce_scatter`` of the ``(D, c)`` gradient pieces (sum) into the owner's own segment,
-   started asynchronously by the gradient hooks as soon as every gradient in the piece is
-   final, so it overlaps the rest of backward (as DDP overlaps its all-reduce; pieces go out
-   last first, in the same order on every rank, at most ``max_in_flight`` at once). The other
-   owners' pieces are zeroed once sent, so a later backward accumulates only what is new; the
-   end of backward waits for the last ones. Under ``no_sync()`` nothing is sent and the
-   gradients accumulate locally: gradient accumulation communicates once per update, on the
-   last microbatch (or in ``step()`` if every backward ran under ``no_sync()``);
+1. ``reduce_scatter`` (the list form) of the ``D`` rows' ``(c,)`` gradient pieces (sum) into
+   the owner's own piece, started asynchronously by the gradient hooks as soon as every
+   gradient in the piece is final, so it overlaps the rest of backward (as DDP overlaps its
+   all-reduce; pieces go out last first, in the same order on every rank, at most
+   ``max_in_flight`` at once). Each row's piece is contiguous, so the collective reads the
+   gradient buffer itself: nothing is packed on the training thread. Once a piece is sent, the
+   other owners' parts are zeroed, so a later backward accumulates only what is new; the end
+   of backward waits for the last ones. Under ``no_sync()`` nothing is sent and the gradients
+   accumulate locally: gradient accumulation communicates once per update, on the last
+   microbatch (or in ``step()`` if every backward ran under ``no_sync()``);
 2. ``step()`` divides the own segment by ``D`` (the average) and steps the local optimizer;
-3. ``all_gather`` of the owners' ``(c,)`` weight pieces, copied into every segment: every
-   rank holds the same model again. With ``overlap_gather=True`` the gathers run on after
-   ``step()`` returns (at most ``max_in_flight`` at once, first chunk first: each segment
-   holds its tensors in model order, so low chunks hold the first layers) and each chunk is
-   waited for, and copied in, just before the first forward of a module that holds one of its
-   tensors (a process-wide module forward pre-hook: the optimizer is given tensors, not a
-   module); :meth:`ShardedOptimizer.wait_for_weights` finishes them all. Off by default: a
-   caller that reads the weights straight after ``step()`` (without a forward) must call
+3. ``all_gather`` (the list form) of the owners' ``(c,)`` weight pieces straight into every
+   row (the input is a copy of the own piece, ``1/D`` of a bucket): every rank holds the same
+   model again. With ``overlap_gather=True`` the gathers run on after ``step()`` returns (at
+   most ``max_in_flight`` at once, first chunk first: each segment holds its tensors in model
+   order, so low chunks hold the first layers) and each chunk is waited for just before the
+   first forward of a module that holds one of its tensors (a process-wide module forward
+   pre-hook: the optimizer is given tensors, not a module);
+   :meth:`ShardedOptimizer.wait_for_weights` finishes them all. Off by default: a caller that
+   reads the weights straight after ``step()`` (without a forward) must call
    :meth:`~ShardedOptimizer.wait_for_weights` first.
 
-gloo runs a reduce-scatter as an all-reduce of a copy of its input (``accounting.wire``); an
-in-place all-reduce plus a local slice moves the same wire bytes and measured no faster at
-25 MB (benchmark_zero.py), so the lab keeps the collective the book's formula counts.
+Why the list forms: the ``(D, S)`` rows put a chunk's ``D`` pieces ``S`` apart, so the
+single-tensor collectives (``reduce_scatter_single``, ``all_gather_single``) would need a
+packed send copy and a receive buffer copied back, each a fresh bucket-sized allocation on the
+training thread (that layout cost ZeRO-1 about 12 % of a step at 25 M on 2 ranks,
+benchmark_zero.py); the list forms take the rows' views as they are. gloo runs either form as
+an all-reduce of a copy of the input (``accounting.wire``: the same wire bytes), made on its
+own thread; an in-place all-reduce plus a local slice measured no faster, so the lab keeps the
+collective the book's formula counts.
 
 Bytes. Sent per rank per step: ``2 q (D S) (D-1)/D``, i.e.
 :func:`shardlab.accounting.comm.step_volume` ``("zero1", D*S, D, q)``; ``D S - N`` is the
@@ -132,7 +140,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.flat_weights = self.flat_grads = None
         self._grad_views: dict[int, torch.Tensor] = {}
         self.require_sync = True
-        self._inflight: list = []  # (work, send buffer) of started reduce-scatters
+        self._inflight: list = []  # (work, lo, hi) of started reduce-scatters, oldest first
         self._reduced = self._dirty = self._queued = False
         self._to_gather: list[int] = []  # chunks whose weight all-gather has not started
         self._gathers: list = []  # (chunk, work, recv) of started all-gathers, oldest first
@@ -204,25 +212,32 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._next -= 1
 
     def _launch(self, k: int) -> None:
-        """Start chunk ``k``'s reduce-scatter of the ``(D, c)`` pieces into the own segment."""
+        """Start chunk ``k``'s reduce-scatter of the rows' ``(c,)`` pieces into the own piece."""
         D, S, r = self.world_size, self.segment, self.rank
         lo, hi = self._chunks()[k]
-        # BEGIN SOLUTION hint: copy the (D, c) pieces, zero the other rows, async reduce_scatter_single into own row
+        # BEGIN SOLUTION hint: async reduce_scatter from the D rows' (c,) pieces (views, no copy) into the own row's piece
         grads = self.flat_grads.view(D, S)  # row o = owner o's segment
-        send = torch.empty(D * (hi - lo), dtype=grads.dtype, device=grads.device)  # (D*c,)
-        send.view(D, -1).copy_(grads[:, lo:hi])  # a copy (<= one bucket), never a view
-        others = [o for o in range(D) if o != r]
-        grads[others, lo:hi] = 0  # sent: a later backward accumulates only the new part
-        work = dist.reduce_scatter_single(
-            grads[r, lo:hi], send, op=dist.ReduceOp.SUM, group=self.group, async_op=True
-        )  # the own row gets the sum (its old value is in send)
-        self._inflight.append((work, send))
-        # Free finished sends; wait for the oldest only when too many are in flight.
+        pieces = [grads[o, lo:hi] for o in range(D)]  # (c,) each, contiguous: nothing packed
+        work = dist.reduce_scatter(
+            grads[r, lo:hi], pieces, op=dist.ReduceOp.SUM, group=self.group, async_op=True
+        )  # the own row gets the sum; the backend reads the pieces on its own thread
+        self._inflight.append((work, lo, hi))
+        # Retire finished ones; wait for the oldest only when too many are in flight.
         while self._inflight and (
             len(self._inflight) > self.max_in_flight or self._inflight[0][0].is_completed()
         ):
-            self._inflight.pop(0)[0].wait()
+            self._retire()
         # END SOLUTION
+
+    def _retire(self) -> None:
+        """Wait for the oldest reduce-scatter, then zero the other owners' pieces it read (a
+        later backward accumulates only what is new)."""
+        work, lo, hi = self._inflight.pop(0)
+        work.wait()
+        grads = self.flat_grads.view(self.world_size, self.segment)
+        for o in range(self.world_size):
+            if o != self.rank:
+                grads[o, lo:hi].zero_()
 
     @torch.no_grad()
     def _end_backward(self) -> None:
@@ -234,7 +249,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._launch(self._next)
             self._next -= 1
         while self._inflight:  # before the next backward accumulates into the own rows
-            self._inflight.pop(0)[0].wait()
+            self._retire()
         self._new_round()
         self._queued, self._reduced, self._dirty = False, True, False  # all sent
 
@@ -285,23 +300,21 @@ class ShardedOptimizer(torch.optim.Optimizer):
         D, S, r = self.world_size, self.segment, self.rank
         lo, hi = self._chunks()[k]
         weights = self.flat_weights.view(D, S)  # row o = owner o's segment
-        # BEGIN SOLUTION hint: a (D*c,) receive buffer; async all_gather_single of the own row's piece
-        recv = torch.empty(D * (hi - lo), dtype=weights.dtype, device=weights.device)
-        work = dist.all_gather_single(recv, weights[r, lo:hi], group=self.group, async_op=True)
+        # BEGIN SOLUTION hint: async all_gather into the D rows' (c,) pieces (views) from a copy of the own piece
+        own = weights[r, lo:hi].clone()  # (c,): the input must not alias an output
+        pieces = [weights[o, lo:hi] for o in range(D)]  # written in place: no copy-in
+        work = dist.all_gather(pieces, own, group=self.group, async_op=True)
         # END SOLUTION
-        self._gathers.append((k, work, recv))
+        self._gathers.append((k, work, own))
 
     @torch.no_grad()
     def _finish_gather(self) -> None:
-        """Wait for the oldest all-gather, copy its pieces into every segment, start the next."""
-        k, work, recv = self._gathers.pop(0)
-        D, S = self.world_size, self.segment
-        lo, hi = self._chunks()[k]
-        # BEGIN SOLUTION hint: wait, then copy the (D, c) pieces into the segments' [lo, hi)
+        """Wait for the oldest all-gather (it wrote every row's piece), start the next."""
+        k, work, own = self._gathers.pop(0)
+        # BEGIN SOLUTION hint: wait (the pieces land in the rows themselves)
         work.wait()
-        self.flat_weights.view(D, S)[:, lo:hi].copy_(recv.view(D, -1))
         # END SOLUTION
-        del recv  # bucket-sized: at most max_in_flight of them are alive
+        del own  # 1/D of a bucket: at most max_in_flight of them are alive
         if self._to_gather:
             self._start_gather(self._to_gather.pop(0))
 

@@ -210,8 +210,9 @@ class ZeRO2(nn.Module):
         b.grad_buffer.div_(self.world_size)
         first = b.shard.grad is None  # write into the persistent shard, else add later
         b.out = b.grad_shard if first else torch.empty_like(b.grad_shard)
-        b.handle = dist.reduce_scatter_single(
-            b.out, b.grad_buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True
+        pieces = list(b.grad_buffer.chunk(self.world_size))  # (shard_numel,) views, no copy
+        b.handle = dist.reduce_scatter(
+            b.out, pieces, op=dist.ReduceOp.SUM, group=self.group, async_op=True
         )
         self._inflight.append(b)
         # Free the buffers of finished reduce-scatters; wait only when too many are in flight.
