@@ -444,3 +444,27 @@ def lab_report() -> dict | None:
     rep["state"] = state_row(world)
     rep["memory"], rep["timelines"] = memory_rows(world)
     return rep if rank == 0 else None
+
+
+def overlap_rows(d_model: int = 256, n_layer: int = 4, batch: int = 8) -> dict:
+    """``overlap_reduce_scatter`` on / off: the trained weights, the sent bytes and the peak of
+    one step (MemoryTrace), with every block one ``padded`` flat of ``block_bytes``."""
+    from shardlab.runtime import MemoryTrace
+
+    x, y = make_batches(1, batch=batch, seed=12)[0]
+    xr, yr = rank_slice(x), rank_slice(y)
+    out = {}
+    for overlap in (True, False):
+        cfg = FSDPConfig(overlap_reduce_scatter=overlap)
+        model, opt = train_fsdp("plain", "adamw", cfg, d_model=d_model, n_layer=n_layer)
+        tr = traced_step(model, opt, xr, yr)
+        with MemoryTrace() as mt:  # as benchmark_fsdp.py measures it
+            mt.watch(model, opt)
+            timed_steps(model, opt, xr, yr, 1)
+        out[overlap] = {
+            "weights": model.full_state_dict(),
+            "sent": tr.sent_bytes(),
+            "peak": mt.peak,
+            "block_bytes": 4 * model.units[1].flats[0].padded,
+        }
+    return out

@@ -32,7 +32,12 @@ communication (and, for PyTorch, DTensor's bookkeeping) adds.
 
 The script prints the numbers. What holds on CPU at ``bench``: DTensor's per-operator
 dispatch dominates PyTorch's step, so ours is several times faster; the peaks are within a
-few per cent of each other.
+few per cent of each other. The peak is also measured for ours with
+``FSDPConfig(overlap_reduce_scatter=False)`` (``ours-wait``, peak only): lab 04's FSDP keeps
+one reduce-scatter in flight during the next block's backward, so its input, one block's
+gradient shard-group slice, is alive at the peak, while FSDP2's reduce-scatter blocks on CPU
+(benchmark_fsdp.py says what was measured). 25m, 2026-12-04, idle: peak 1.047 overlapped,
+0.995 waiting; step 0.660 [0.616-0.680].
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import torch.distributed as dist
 from _cases_combined import FSDP_TP_MESH, TP_MODEL, _dp_slice
 from _pytorch_combined import pytorch_backward, pytorch_fsdp_tp_model
 from combined import build_axis_groups, fsdp_tp_backward, fsdp_tp_model
+from fsdp import FSDPConfig
 from shardlab.accounting.mesh import Mesh
 from tensor_reference import ModelConfig, SerialGPT, make_batch
 
@@ -113,13 +119,15 @@ def benchmark(steps: int = 10, batch: int = 8, **model_kw) -> dict | None:
     idx, tgt = (_dp_slice(z, ag.coords.dp, mesh.dp) for z in make_batch(cfg, batch, seed=11))
     res: dict = {"model": model_kw, "batch": batch, "mesh": FSDP_TP_MESH}
     runs = {}
-    for name in ("ours", "pytorch", "floor"):
+    for name in ("ours", "pytorch", "floor", "ours-wait"):
         if name == "pytorch":
             model, fn = pytorch_fsdp_tp_model(cfg), pytorch_backward
         else:
             serial = SerialGPT(cfg)
             res["n_params"] = sum(p.numel() for p in serial.parameters())
-            model, fn = fsdp_tp_model(serial, ag), fsdp_tp_backward
+            # ours-wait: each reduce-scatter waited for at once (peak only; benchmark_fsdp.py)
+            wait = FSDPConfig(overlap_reduce_scatter=False) if name == "ours-wait" else None
+            model, fn = fsdp_tp_model(serial, ag, wait), fsdp_tp_backward
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
         def step(model=model, opt=opt, fn=fn, floor=name == "floor"):
@@ -135,7 +143,8 @@ def benchmark(steps: int = 10, batch: int = 8, **model_kw) -> dict | None:
                 mt.watch(model, opt)
                 step()
             res[name] = {"peak_bytes": mt.peak}
-        runs[name] = step
+        if name != "ours-wait":
+            runs[name] = step
     res["floor"] = {}
     times = interleaved_times(runs, steps)  # interleaved: other processes' load hits all alike
     medians = torch.tensor([sorted(times[n])[steps // 2] for n in runs], dtype=torch.float64)
@@ -144,6 +153,7 @@ def benchmark(steps: int = 10, batch: int = 8, **model_kw) -> dict | None:
         res[name]["step_s"] = s
     res["ratio_time"] = res["ours"]["step_s"] / res["pytorch"]["step_s"]
     res["ratio_peak"] = res["ours"]["peak_bytes"] / res["pytorch"]["peak_bytes"]
+    res["ratio_peak_wait"] = res["ours-wait"]["peak_bytes"] / res["pytorch"]["peak_bytes"]
     res["over_floor"] = {n: res[n]["step_s"] / res["floor"]["step_s"] for n in ("ours", "pytorch")}
     return res if dist.get_rank() == 0 else None
 
@@ -151,7 +161,8 @@ def benchmark(steps: int = 10, batch: int = 8, **model_kw) -> dict | None:
 # ------------------------------------------------------------------ launch, print
 def _row(res: dict) -> dict:
     """One launch for the results file."""
-    return {"ratio": {"step": res["ratio_time"], "peak": res["ratio_peak"]},
+    return {"ratio": {"step": res["ratio_time"], "peak": res["ratio_peak"],
+                      "peak_wait": res["ratio_peak_wait"]},
             "floor": {"ours": res["over_floor"]["ours"], "torch": res["over_floor"]["pytorch"]},
             "seconds": {k: res[k]["step_s"] for k in ("ours", "pytorch", "floor")}}
 
@@ -191,7 +202,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{label:22}{r['step_s'] * 1e3:10.2f}{r['peak_bytes']:14,d}")
     print(f"{'compute floor':22}{res['floor']['step_s'] * 1e3:10.2f}  (collectives as no-ops)")
     print(f"ratio step time (ours / PyTorch): {res['ratio_time']:.2f}")
-    print(f"ratio peak bytes (ours / PyTorch): {res['ratio_peak']:.3f}")
+    print(f"ratio peak bytes (ours / PyTorch): {res['ratio_peak']:.3f}; ours waiting for each "
+          f"reduce-scatter (overlap_reduce_scatter=False): {res['ratio_peak_wait']:.3f}")
     more = f", median [min-max] of {a.repeats} launches" if a.repeats > 1 else ""
     if a.repeats > 1:
         each = " ".join(f"{x['ratio']['step']:.3f}" for x in launches)
