@@ -205,6 +205,7 @@
     const py = await loadPyodide({ ...common, packages: Object.keys(lock.packages), _makeSnapshot: true });
     phase("pyodide+wheels");
     py.pyimport("shardlab.widgets.live").preload();
+    phase("preload");
     if (key && window.caches) {
       // The snapshot checks that Pyodide's table of installed packages is still empty, as it
       // is when Python has started (it is the same JavaScript object Python refers to); a

@@ -65,6 +65,12 @@ def ring_sent_bytes(op: str, nbytes: float, group_size: int) -> float:
     op = v.choice("op", op, COLLECTIVES)
     nb = v.nonneg_number("nbytes", nbytes)
     d = v.positive_int("group_size", group_size)
+    return _ring_sent(op, nb, d)
+
+
+def _ring_sent(op: str, nb: float, d: int) -> float:
+    # ring_sent_bytes without its checks, for callers that checked the inputs once (the
+    # planner's search); _ring_collectives below is collectives_time + sent_bytes the same way
     if d == 1:
         return 0.0
     if op == "all_reduce":
@@ -72,6 +78,14 @@ def ring_sent_bytes(op: str, nbytes: float, group_size: int) -> float:
     if op == "broadcast":
         return float(nb)
     return nb * _frac(d)
+
+
+def _ring_collectives(op: str, nb: float, d: int, count: int, alpha: float,
+                      beta: float) -> tuple[float, float]:
+    """``(collectives_time(op, nb, d, count, alpha, beta), count * sent_bytes(op, nb, d))``
+    on the ring, without the checks: the same arithmetic, so the same floats."""
+    sent = _ring_sent(op, nb, d)
+    return count * (_rounds(op, d, "ring") * alpha + sent / beta), count * sent
 
 
 def _log2_ceil(d: int) -> int:
@@ -83,6 +97,11 @@ def rounds(op: str, group_size: int, algo: str = "ring") -> int:
     op = v.choice("op", op, COLLECTIVES)
     d = v.positive_int("group_size", group_size)
     algo = v.choice("algo", algo, ALGOS)
+    return _rounds(op, d, algo)
+
+
+def _rounds(op: str, d: int, algo: str) -> int:
+    # rounds without its checks (see _ring_sent)
     steps = d - 1 if algo == "ring" else _log2_ceil(d)
     return 2 * steps if op == "all_reduce" else steps
 

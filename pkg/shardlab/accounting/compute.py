@@ -120,7 +120,13 @@ def compute_time(flops: float, peak_flops: float, efficiency: float = 1.0) -> fl
     e = v.number("efficiency", efficiency)
     if e > 1:
         raise ValueError(f"efficiency={efficiency!r} must be a fraction of the peak in (0, 1]")
-    return f / (peak * e)
+    return _compute_time(f, peak, e)
+
+
+def _compute_time(flops: float, peak_flops: float, efficiency: float) -> float:
+    # the formula of compute_time without its checks, for callers that checked the inputs
+    # once (the planner's search calls it tens of thousands of times)
+    return flops / (peak_flops * efficiency)
 
 
 def mfu(model_flops: float, step_time: float, n_gpus: int, peak_flops: float) -> float:
@@ -133,7 +139,12 @@ def mfu(model_flops: float, step_time: float, n_gpus: int, peak_flops: float) ->
     t = v.number("step_time", step_time)
     g = v.positive_int("n_gpus", n_gpus)
     peak = v.number("peak_flops", peak_flops)
-    return f / (t * g * peak)
+    return _mfu(f, t, g, peak)
+
+
+def _mfu(model_flops: float, step_time: float, n_gpus: int, peak_flops: float) -> float:
+    # mfu without its checks (see _compute_time)
+    return model_flops / (step_time * n_gpus * peak_flops)
 
 
 @dataclass(frozen=True)
@@ -205,9 +216,17 @@ def roofline(
         raise ValueError(f"name={name!r} must be a string")
     tc = v.nonneg_number("comm_time", comm_time)
     nb = v.nonneg_number("bytes_sent", bytes_sent)
-    comp = compute_time(hide_flops, peak_flops, efficiency)
-    balance = float("inf") if beta is None else peak_flops * efficiency / v.number("beta", beta)
-    return Roofline(name, float(tc), comp, float(nb), float(hide_flops), balance)
+    compute_time(hide_flops, peak_flops, efficiency)  # checks the compute side
+    if beta is not None:
+        v.number("beta", beta)
+    return _roofline(name, tc, nb, hide_flops, peak_flops, efficiency, beta)
+
+
+def _roofline(name, comm_time, bytes_sent, hide_flops, peak_flops, efficiency, beta) -> Roofline:
+    # roofline without its checks (see _compute_time)
+    comp = _compute_time(hide_flops, peak_flops, efficiency)
+    balance = float("inf") if beta is None else peak_flops * efficiency / beta
+    return Roofline(name, float(comm_time), comp, float(bytes_sent), float(hide_flops), balance)
 
 
 def collective_roofline(

@@ -20,7 +20,7 @@ import math
 
 from . import activations as act
 from . import comm, hierarchical
-from .compute import ModelShape, collective_roofline, compute_time, mfu, roofline
+from .compute import ModelShape, _compute_time, _mfu, _roofline, collective_roofline
 from .context import kv_bytes
 from .gemm import elementwise_bytes, gemms_time, layer_gemms
 from .layout_types import (
@@ -37,7 +37,7 @@ from .layout_types import (
 )
 from .memory import GB, get_recipe, model_state
 from .peak import logits_workspace
-from .pipeline import bubble_time, idle_fraction
+from .pipeline import _bubble, idle_fraction
 
 
 def _params_per_rank(model: ModelShape, t: int, ep: int, layers_rank: int):
@@ -113,6 +113,15 @@ def closed_peak(persistent: float, activ: float, scratch: float, ws: float | Non
     return sum(terms.values()), terms
 
 
+def _closed_total(persistent: float, activ: float, scratch: float, ws: float | None,
+                  unit: float = 0.0, grad: float = 0.0, units_alive: int = 0) -> float:
+    """``closed_peak(...)[0]`` without building the terms (the same sum, in the same order,
+    so the same float): the search compares many stages and splits and keeps few."""
+    total = (0 + persistent + float(units_alive * unit) + (grad if units_alive else 0.0)
+             + float(activ) + scratch)
+    return total if ws is None else total + ws
+
+
 def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool = True,
                  replicas: tuple[int, ...] = ()) -> list:
     """Every (ZeRO, recompute) layout of one (D, t, p, c, v, ep, sp): candidates and rejections.
@@ -174,7 +183,7 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
     fill = 2 * (p * vv - 1)
     fill_time = comm.p2p_time(pp_bytes / (2 * m * vv) * fill, *pp_link, messages=fill)
     per_mb = (tp_r.exposed + ep_r.exposed + cp_r.exposed) / m
-    kind = "interleaved" if vv > 1 else "1f1b"
+    idle = idle_fraction(p, m, vv)  # the same for every layout of this geometry
     n_tok = o.batch * model.seq_len
     model_flops = model.flops_per_token("step", o.causal) * n_tok
     # ---- per recompute mode: saved activations per layer, scratch, extra FLOPs and seconds
@@ -209,7 +218,7 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
                                          f"replicas={reps} does not divide D={D}"
                                          + (f" and edp={edp}" if exp_l else "")))
                 continue
-            if splits and fastest <= compute_time(hide_none, pk_f, eff):
+            if splits and fastest <= _compute_time(hide_none, pk_f, eff):
                 break  # nothing exposed left to cut: more replicas only add state
             links = (dp_link,) if reps == 1 else (
                 cl.link(_inside(t, c, node) and _inside(t * c * p, D // reps, node)),
@@ -248,8 +257,8 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
             if given == 1:
                 fit = None
                 for split in splits[1:]:
-                    total = max(closed_peak(split[4][stage], a_l * st_layers[stage] / vv
-                                            * held[stage], scratch, ws[stage], *unit3)[0]
+                    total = max(_closed_total(split[4][stage], a_l * st_layers[stage] / vv
+                                              * held[stage], scratch, ws[stage], *unit3)
                                 for stage, _ in stages)
                     if total > budget:
                         break
@@ -257,35 +266,37 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
                 chosen += [fit] if fit is not None else []
             for reps, links, dp_t, dp_b, state, offload_s in chosen:
                 lay = Layout(D, t, p, c, ep, zero, rc, m, vv, sp, reshard, reps)
-                best = (-1.0, {}, "")
+                best = (-1.0, 0, "")
                 for stage, sname in stages:
                     activ = a_l * st_layers[stage] / vv * held[stage]  # layers/chunk x chunks
-                    total, pterms = closed_peak(state[stage], activ, scratch, ws[stage], *unit3)
+                    total = _closed_total(state[stage], activ, scratch, ws[stage], *unit3)
                     if total > best[0]:
-                        terms = {("recompute_scratch" if k == "buffers" else k): x
-                                 for k, x in pterms.items()}
-                        best = (total, terms, sname)
-                peak, terms, sname = best
+                        best = (total, stage, sname)
+                peak, stage, sname = best
                 if peak > budget:
                     out.append(Rejection(lay, "out of memory",
                                          f"out of memory by {(peak - budget) / GB:.1f} GB "
                                          f"({sname} stage {peak / GB:.1f} GB > budget "
                                          f"{budget / GB:.1f} GB)", peak - budget))
                     continue
+                # the terms of the busiest stage only (the others are compared, not kept)
+                activ = a_l * st_layers[stage] / vv * held[stage]
+                terms = {("recompute_scratch" if k == "buffers" else k): x for k, x in
+                         closed_peak(state[stage], activ, scratch, ws[stage], *unit3)[1].items()}
                 rl = {"tp": tp_r, "cp": cp_r, "ep": ep_r,
-                      "pp": roofline("pp", pp_time, pp_bytes, m * mb, pk_f, eff, pp_link[1]),
-                      "dp": roofline("dp", dp_t, dp_b, hide, pk_f, eff, links[-1][1])}
-                costs = {"F": t_f + per_mb / 2, "B": t_b + t_r + per_mb / 2}
-                bub = bubble_time(kind, p, costs, vv) + (fill_time if p > 1 else 0.0)
+                      "pp": _roofline("pp", pp_time, pp_bytes, m * mb, pk_f, eff, pp_link[1]),
+                      "dp": _roofline("dp", dp_t, dp_b, hide, pk_f, eff, links[-1][1])}
+                # accounting.pipeline.bubble_time's 1f1b / interleaved closed form
+                bub = (_bubble(p, t_f + per_mb / 2, t_b + t_r + per_mb / 2, vv)
+                       + (fill_time if p > 1 else 0.0))
                 times = {"compute": m * (t_f + t_b), "recompute": m * t_r, "bubble": bub}
                 times.update({f"exposed_{a}": rl[a].exposed for a in AXES})
                 if o.offload:  # every candidate of an offloading plan has the term (0: none)
                     times["offload"] = offload_s
                 step = sum(times.values())
                 out.append(Candidate(lay, terms, peak, sname, budget, rl, times, step,
-                                     mfu(model_flops, step, G, pk_f), n_tok / step,
-                                     idle_fraction(p, m, vv), mfu(hw_flops, step, G, pk_f),
-                                     eff))
+                                     _mfu(model_flops, step, G, pk_f), n_tok / step,
+                                     idle, _mfu(hw_flops, step, G, pk_f), eff))
     return out
 
 
@@ -313,9 +324,10 @@ def _dp_traffic(model, D, c, t, p, ep, m, zero, layers_rank, q, links,
                2: [("reduce_scatter", nb, m), ("all_gather", nb, 1)],
                3: [("all_gather", nb / layers_rank, (2 if reshard else 1) * m * layers_rank),
                    ("reduce_scatter", nb / layers_rank, m * layers_rank)]}[zero]
-        for op, each, k in ops:
-            total_t += comm.collectives_time(op, each, g, k, *links[0])
-            total_b += k * comm.sent_bytes(op, each, g)
+        for op, each, k in ops:  # comm.collectives_time and comm.sent_bytes, ring
+            op_t, op_b = comm._ring_collectives(op, each, g, k, *links[0])
+            total_t += op_t
+            total_b += op_b
         if replicas > 1:  # the shard of the gradients, across the replicas, once per step
             k = layers_rank if zero == 3 else 1
             rep_t, rep_b = hierarchical.hsdp_replicate_traffic(nb, g, replicas, k, *links[1])

@@ -126,7 +126,13 @@ def bubble_time(kind: str, p: int, costs: dict[str, float] | None = None, v: int
         # ...and can never beat the fill: the last stage waits (p-1) forwards before its first
         # action, and with balanced stages every stage idles at least that long.
         return (p - 1) * max(c["F"], c["F"] + c["BI"] - c["BW"])
-    return (p - 1) * (c["F"] + c["B"]) / (vv if kind == "interleaved" else 1)
+    return _bubble(p, c["F"], c["B"], vv if kind == "interleaved" else 1)
+
+
+def _bubble(p: int, f: float, b: float, v: int) -> float:
+    # the gpipe / 1f1b / interleaved closed form without bubble_time's checks, for the
+    # planner's search (tens of thousands of calls on inputs it checked once)
+    return (p - 1) * (f + b) / v
 
 
 def schedule_idle_fraction(
