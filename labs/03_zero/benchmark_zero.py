@@ -86,8 +86,9 @@ What limits the ratios above 1.0, measured:
   thread; the same wire bytes). Idle, 25m, per run of 3 launches: ZeRO-1 on 2 ranks 0.889,
   0.966, 0.926, 0.928, 0.898 (alloc peak 0.95-0.97, before 1.10-1.19), on 4 ranks 0.941,
   0.958 (alloc 0.92-0.94); ZeRO-2 (stored runs) 1.028 [1.008-1.221] on 2 ranks, 1.010
-  [1.008-1.128] on 4. ZeRO-2 with the list form reduce-scatter: time within noise of the single-tensor form
-  (1.064, 1.018 against 1.051, 1.137 on 2 ranks, alternated), alloc peak 0.909 against 0.999
+  [1.008-1.128] on 4. ZeRO-2 with the list form reduce-scatter: time within noise of the
+  single-tensor form (1.064, 1.018 against 1.051, 1.137 on 2 ranks, alternated), alloc peak
+  0.909 against 0.999
   (gloo no longer copies the whole bucket). What keeps ZeRO-2 near 1.05 on 2 ranks: the
   reduce-scatters still queued when backward ends, 50-80 ms per step waited for in
   ``finish_gradient_synchronization`` (phase timing, 2 ranks: forward 103, backward 300, finish

@@ -95,7 +95,9 @@ def benchmark(steps: int = 10, batch: int = 8, **cfg) -> dict | None:
     builders = {
         "flat": partial(train_fsdp, "plain", "adamw", None, 0),
         # the same, each reduce-scatter waited for at once (no overlap, one gradient less)
-        "flat-wait": partial(train_fsdp, "plain", "adamw", FSDPConfig(overlap_reduce_scatter=False), 0),
+        "flat-wait": partial(
+            train_fsdp, "plain", "adamw", FSDPConfig(overlap_reduce_scatter=False), 0
+        ),
         "per-param": partial(train_pp, "plain", "adamw", None, 0),
         "fsdp2": partial(train_fsdp2, "plain", "adamw", 0),
         "floor": _compute_floor,  # the same model, batch and AdamW step, no communication

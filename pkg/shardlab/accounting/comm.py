@@ -85,7 +85,7 @@ def _ring_collectives(op: str, nb: float, d: int, count: int, alpha: float,
     """``(collectives_time(op, nb, d, count, alpha, beta), count * sent_bytes(op, nb, d))``
     on the ring, without the checks: the same arithmetic, so the same floats."""
     sent = _ring_sent(op, nb, d)
-    return count * (_rounds(op, d, "ring") * alpha + sent / beta), count * sent
+    return count * _alpha_beta(_rounds(op, d, "ring"), sent, alpha, beta), count * sent
 
 
 def _log2_ceil(d: int) -> int:
@@ -124,7 +124,12 @@ def alpha_beta_time(
     """``rounds * alpha + sent_bytes / beta`` in seconds (alpha s/round, beta bytes/s)."""
     a = v.nonneg_number("alpha", alpha)
     b = v.number("beta", beta)
-    return rounds(op, group_size, algo) * a + sent_bytes(op, nbytes, group_size, algo) / b
+    return _alpha_beta(rounds(op, group_size, algo), sent_bytes(op, nbytes, group_size, algo), a, b)
+
+
+def _alpha_beta(rounds_: int, sent: float, alpha: float, beta: float) -> float:
+    # the alpha-beta formula itself, shared by alpha_beta_time and _ring_collectives
+    return rounds_ * alpha + sent / beta
 
 
 def collectives_time(

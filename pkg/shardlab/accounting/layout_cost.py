@@ -110,14 +110,14 @@ def closed_peak(persistent: float, activ: float, scratch: float, ws: float | Non
              "buffers": scratch}
     if ws is not None:
         terms["backward_workspace"] = ws
-    return sum(terms.values()), terms
+    return _closed_total(persistent, activ, scratch, ws, unit, grad, units_alive), terms
 
 
 def _closed_total(persistent: float, activ: float, scratch: float, ws: float | None,
                   unit: float = 0.0, grad: float = 0.0, units_alive: int = 0) -> float:
-    """``closed_peak(...)[0]`` without building the terms (the same sum, in the same order,
-    so the same float): the search compares many stages and splits and keeps few."""
-    total = (0 + persistent + float(units_alive * unit) + (grad if units_alive else 0.0)
+    """``closed_peak(...)[0]`` without building the terms (the search compares many stages
+    and splits and keeps few); the sum of the terms in their order."""
+    total = (persistent + float(units_alive * unit) + (grad if units_alive else 0.0)
              + float(activ) + scratch)
     return total if ws is None else total + ws
 
