@@ -344,7 +344,7 @@ def test_load_time_cold_and_repeat(browser_type, browser_type_launch_args, site_
     got = [[path for path, code in v if path.split("?")[0].endswith(big) and code == 200] for v in visits]
     print(f"\nfirst live result, navigation start -> live: cold {times[0]:.1f} s, repeat visit "
           f"{times[1]:.1f} s, first visit to chapter 10 after them {times[2]:.1f} s; phases of "
-          f"the repeat, ms: {phases[1]}; the page's own: {navs[1]}; chapter 10: {phases[2]}, {navs[2]}; runtime files downloaded: "
+          f"the first visit, ms: {phases[0]}; the page's own: {navs[0]}; of the repeat, ms: {phases[1]}; the page's own: {navs[1]}; chapter 10: {phases[2]}, {navs[2]}; runtime files downloaded: "
           f"{[len(g) for g in got]}; Python snapshot: {snapshots}")
     # a fast (snapshot) start once requested the widget fonts from <page>/@jupyter-widgets/
     missing = [path for v in visits for path, code in v if code == 404]

@@ -46,7 +46,7 @@ PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_s
 REQUIREMENTS = ROOT / "tools" / "live" / "requirements-pyodide.txt"
 PAGE_SCRIPT = ROOT / "tools" / "live" / "shardlab-live.js"
 # also served from _static/shardlab-live/ (tools/sphinx_shardlab_live.py, _config.yml)
-PAGE_FILES = ("shardlab-page.js", "shardlab-live.css", "require-config.js", "favicon.svg")
+PAGE_FILES = ("shardlab-worker.js", "shardlab-page.js", "shardlab-live.css", "require-config.js", "favicon.svg")
 ZIP_DATE = (2026, 1, 1, 0, 0, 0)
 _REQ = re.compile(r"^([A-Za-z0-9_.-]+)==(\S+)\s+--hash=sha256:([0-9a-f]{64})\s*$")
 

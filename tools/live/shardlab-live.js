@@ -3,24 +3,27 @@
  *
  * The page first shows each calculator from its stored widget state (rendered by
  * @jupyter-widgets/html-manager's embed-amd.js): the values computed when the book was
- * built. This script then starts Pyodide from this site (_static/shardlab-live/pyodide/,
- * built by tools/build_live.py), installs the wheels listed in its pyodide-lock.json
- * (Pyodide checks each sha256), and asks shardlab.widgets.live to rebuild every stored
- * calculator in Python. The rebuilt ipywidgets talk to a widget manager on this page over
- * a kernel-less comm bridge (the Jupyter widget protocol, messages as JSON), so the
- * calculators' own Python callbacks run when the reader edits an input: every number is
- * computed by shardlab.accounting, nothing here. When Python is ready the stored view is
- * swapped for the live one; if anything fails, the stored view stays and the note says why.
+ * built. This script then starts Python in a Web Worker (shardlab-worker.js: Pyodide from
+ * this site, _static/shardlab-live/pyodide/, built by tools/build_live.py, with the wheels
+ * listed in its pyodide-lock.json, each sha256 checked) and asks shardlab.widgets.live to
+ * rebuild every stored calculator in Python. The rebuilt ipywidgets talk to a widget manager
+ * on this page over a kernel-less comm bridge (the Jupyter widget protocol, messages as JSON,
+ * carried between the page and the worker by postMessage), so the calculators' own Python
+ * callbacks run when the reader edits an input: every number is computed by
+ * shardlab.accounting, nothing here. When Python is ready the stored view is swapped for the
+ * live one; if anything fails, the stored view stays and the note says why.
  *
  * A later visit (any page of the same build) restores a memory snapshot of that Python,
  * stored in the browser's Cache Storage by the first visit, instead of starting it and
- * importing ipywidgets again (see "A repeat visit restores" below).
+ * importing ipywidgets again (shardlab-worker.js says how).
  *
- * The script is loaded async from the page's head (tools/sphinx_shardlab_live.py, which also
- * preloads the runtime files): Pyodide starts downloading and compiling at once, before the
- * page's images, math and stored views are done. Edits a reader makes to a stored view while
- * Python is loading are replayed into the live view when it appears (not lost). When an input
- * is refused, the calculator keeps its height (the sentence shows in place of the result).
+ * The script is loaded async from the page's head (tools/sphinx_shardlab_live.py) and starts
+ * the worker at once: Python downloads, compiles and starts on the worker's thread while this
+ * thread parses the page, typesets its math and renders the stored views (on two cores, at the
+ * same time), and a recomputation never freezes the page. Edits a reader makes to a stored
+ * view while Python is loading are replayed into the live view when it appears (not lost).
+ * When an input is refused, the calculator keeps its height (the sentence shows in place of
+ * the result).
  *
  * window.shardlabLive reports progress for tests (tests/test_live_browser.py): state
  * ("loading" | "ready" | "failed"), readyAt (ms from navigation start to the live
@@ -132,100 +135,71 @@
     else window.addEventListener("load", () => resolve());
   });
 
-  // Fetch Pyodide's loader and lock file now; start Python (seconds of main-thread work) once
-  // the document is parsed, so that it does not hold back the page's text and stored views,
-  // but before the page's images, math and fonts are done.
-  const lockURL = pyBase + "pyodide-lock.json";
-  const loader = Promise.all([import(pyBase + "pyodide.mjs"), fetch(lockURL).then((r) => r.text())]);
+  // Python runs in a Web Worker (shardlab-worker.js), started now, while this page is still
+  // being parsed: it downloads, compiles and starts Pyodide on its own thread. A repeat visit
+  // restores a memory snapshot of Python that the first visit stored in the browser's Cache
+  // Storage (the worker explains the key). Calls into Python are messages: each answer is
+  // posted after the widget messages the call made, so the page sees those first.
+  const answers = { rebuilt: [], stored: [] }; // [resolve, reject] of calls waiting, in order
+  const delivered = new Map(); // seq of a widget message -> resolve(error or null)
+  let deliverSeq = 0;
+  let onBridge = null; // handles a widget message from Python (set by start())
+  const early = []; // widget messages that came before start() could handle them
+  let worker = null;
+  const pythonReady = new Promise((resolve, reject) => {
+    try {
+      worker = new Worker(base + "shardlab-worker.js", { type: "module" });
+    } catch (err) {
+      reject(err); // no module workers here (or a file:// page): keep the stored views
+      return;
+    }
+    worker.onerror = (e) => reject(new Error(e.message || "the Python worker did not start"));
+    worker.onmessage = (e) => {
+      const m = e.data;
+      if (m.type === "phase") live.phases[m.name] = Math.round(m.at - performance.timeOrigin);
+      else if (m.type === "ready") {
+        Object.assign(live.snapshot, m.snapshot);
+        resolve();
+      } else if (m.type === "failed") {
+        const err = new Error(m.message);
+        reject(err);
+        for (const waiting of [answers.rebuilt, answers.stored]) {
+          for (const [, no] of waiting.splice(0)) no(err);
+        }
+      } else if (m.type === "bridge") {
+        if (onBridge) onBridge(m.text);
+        else early.push(m.text);
+      } else if (m.type === "rebuilt") answers.rebuilt.shift()[0](m.result);
+      else if (m.type === "stored") {
+        if (m.error) answers.stored.shift()[1](new Error(m.error));
+        else answers.stored.shift()[0](m.bytes);
+      } else if (m.type === "delivered") {
+        const done = delivered.get(m.seq);
+        delivered.delete(m.seq);
+        if (done) done(m.error);
+      }
+    };
+    worker.postMessage({ type: "start", pyBase });
+  });
+  pythonReady.catch(() => {}); // reported by start(), which awaits it
 
-  // A repeat visit restores a memory snapshot of Python instead of starting it: the first
-  // visit starts Python, installs the wheels, imports what the calculators need
-  // (shardlab.widgets.live.preload) and, before any JavaScript object is handed to Python,
-  // copies Python's memory (Pyodide's makeMemorySnapshot); once the page is live it stores
-  // the copy in the browser's Cache Storage. The key is the lock file's SHA-256, which
-  // names every wheel's SHA-256 and Pyodide's version, so a new book build never restores
-  // an old Python (Pyodide also refuses a snapshot of another build). Any failure here
-  // falls back to starting Python as on a first visit.
-  const SNAPSHOT_CACHE = "shardlab-live-snapshot";
-  let snapshotToStore = null; // [key, bytes] made on this visit, stored once the page is live
-  async function snapshotKey(lockText) {
-    const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(lockText));
-    const hex = [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("");
-    return pyBase + "python-memory-" + hex + ".bin";
+  function call(type, answer, payload) {
+    return new Promise((resolve, reject) => {
+      answers[answer].push([resolve, reject]);
+      worker.postMessage({ type, ...payload });
+    });
   }
-  async function readSnapshot(key) {
-    if (!window.caches) return null;
-    const hit = await (await caches.open(SNAPSHOT_CACHE)).match(key);
-    return hit ? new Uint8Array(await hit.arrayBuffer()) : null;
+  function deliver(commId, data) {
+    const seq = ++deliverSeq;
+    return new Promise((resolve) => {
+      delivered.set(seq, resolve);
+      worker.postMessage({ type: "deliver", seq, commId, data });
+    });
   }
   async function storeSnapshot() {
-    if (!snapshotToStore) return;
-    const [key, bytes] = snapshotToStore;
-    snapshotToStore = null;
-    const cache = await caches.open(SNAPSHOT_CACHE);
-    for (const old of await cache.keys()) await cache.delete(old); // another build's
-    await cache.put(key, new Response(bytes, { headers: { "Content-Type": "application/octet-stream" } }));
-    live.snapshot.stored = bytes.length;
+    const bytes = await call("store", "stored", {});
+    if (bytes) live.snapshot.stored = bytes; // 0: this visit restored, nothing new to store
   }
-
-  const pyodideReady = (async () => {
-    const [{ loadPyodide }, lockText] = await loader;
-    const lock = JSON.parse(lockText);
-    const common = {
-      indexURL: pyBase,
-      lockFileURL: lockURL,
-      packageBaseUrl: pyBase,
-      stdout: (s) => console.log("[python]", s),
-      stderr: (s) => console.warn("[python]", s),
-    };
-    let key = null;
-    let saved = null;
-    try {
-      key = await snapshotKey(lockText);
-      saved = await readSnapshot(key);
-      phase("snapshot-read");
-    } catch (err) {
-      live.snapshot.error = String(err); // no Cache Storage (not a secure context): start Python
-    }
-    if (saved) {
-      // restoring is a fraction of a second of main-thread work: no need to let the
-      // document finish parsing first
-      try {
-        const py = await loadPyodide({ ...common, _loadSnapshot: saved });
-        py.pyimport("shardlab.widgets.live"); // imported before the snapshot: nothing to load
-        live.snapshot.restored = saved.length;
-        phase("pyodide+wheels");
-        return py;
-      } catch (err) {
-        console.warn("shardlab live: the stored Python snapshot did not restore; starting Python", err);
-        live.snapshot.error = String(err);
-        caches.delete(SNAPSHOT_CACHE).catch(() => {});
-      }
-    }
-    await domReady;
-    const py = await loadPyodide({ ...common, packages: Object.keys(lock.packages), _makeSnapshot: true });
-    phase("pyodide+wheels");
-    py.pyimport("shardlab.widgets.live").preload();
-    phase("preload");
-    if (key && window.caches) {
-      // The snapshot checks that Pyodide's table of installed packages is still empty, as it
-      // is when Python has started (it is the same JavaScript object Python refers to); a
-      // restored Python installs nothing, so empty it for the copy and refill it afterwards.
-      const installed = py.loadedPackages;
-      const names = { ...installed };
-      for (const name of Object.keys(names)) delete installed[name];
-      try {
-        snapshotToStore = [key, py.makeMemorySnapshot()];
-      } catch (err) {
-        console.warn("shardlab live: no Python snapshot for later visits", err);
-        live.snapshot.error = String(err);
-      } finally {
-        Object.assign(installed, names);
-      }
-    }
-    return py;
-  })();
-  pyodideReady.catch(() => {}); // reported by start(), which awaits it
 
   // Inputs a reader changes in a stored view before Python is ready: replayed into the live
   // view (same controls, same order) instead of being reset silently.
@@ -315,16 +289,16 @@
       const msgId = `${this.comm_id}-page-${++this._sent}`;
       // Deliver after the model has counted this message as pending, then report the
       // "kernel" idle so its throttle lets the next edit through.
-      Promise.resolve().then(() => {
-        try {
-          this._deliver(this.comm_id, JSON.stringify(data));
-        } catch (err) {
-          console.error("shardlab live: Python rejected a widget message", err);
-          live.errors.push(String(err));
-        }
-        const status = callbacks && callbacks.iopub && callbacks.iopub.status;
-        if (status) status({ content: { execution_state: "idle" }, parent_header: { msg_id: msgId } });
-      });
+      Promise.resolve()
+        .then(() => this._deliver(this.comm_id, JSON.stringify(data)))
+        .then((error) => {
+          if (error) {
+            console.error("shardlab live: Python rejected a widget message", error);
+            live.errors.push(String(error));
+          }
+          const status = callbacks && callbacks.iopub && callbacks.iopub.status;
+          if (status) status({ content: { execution_state: "idle" }, parent_header: { msg_id: msgId } });
+        });
       return msgId;
     }
   }
@@ -365,19 +339,21 @@
 
     // the widget manager's scripts load while Python starts, not after
     const managerReady = requireModule("@jupyter-widgets/html-manager");
-    const pyodide = await pyodideReady;
+    await pythonReady;
     phase("python");
+    // Python rebuilds the calculators while the widget manager's modules evaluate here
+    const rebuilt = call("rebuild", "rebuilt", {
+      state: stateTag.textContent,
+      views: JSON.stringify(views.map((v) => v.id)),
+    });
     const htmlManager = await managerReady;
     phase("manager");
     const manager = new htmlManager.HTMLManager({
       loader: (name) => Promise.reject(new Error(`shardlab live: no widget module ${name}`)),
     });
-    const liveModule = pyodide.pyimport("shardlab.widgets.live");
-    phase("import");
-    const deliver = (commId, data) => liveModule.deliver(commId, data);
     const comms = new Map();
     const opened = [];
-    liveModule.install_bridge((text) => {
+    onBridge = (text) => {
       const msg = JSON.parse(text);
       if (msg.msg_type === "comm_open") {
         const comm = new PageComm(msg.comm_id, msg.target_name, deliver);
@@ -391,11 +367,10 @@
         if (comm && comm._onClose) comm._onClose(kernelMessage("comm_close", msg));
         comms.delete(msg.comm_id);
       }
-    });
+    };
+    for (const text of early.splice(0)) onBridge(text);
     phase("ipywidgets");
-    const result = JSON.parse(
-      liveModule.rebuild_page(stateTag.textContent, JSON.stringify(views.map((v) => v.id))),
-    );
+    const result = JSON.parse(await rebuilt);
     phase("rebuild");
     await Promise.all(opened);
     await pageLoaded;
