@@ -177,7 +177,8 @@ def test_requirements_pin_every_wheel_with_a_hash():
     bl = _build_live()
     reqs = bl.read_requirements()
     names = {bl.canonical(n) for n, _, _ in reqs}
-    assert {"ipywidgets", "comm", "traitlets", "ipython"} <= names
+    assert {"ipywidgets", "comm", "traitlets"} <= names
+    assert "ipython" not in names  # the page's IPython is kernelless_ipython (next test)
     assert all(len(h) == 64 for _, _, h in reqs)
 
 
@@ -209,8 +210,9 @@ live.preload()
 before = set(sys.modules)
 live.install_bridge(lambda text: None)
 boxes = []
+same = []  # per rebuilt calculator: its first result equals the stored one
 for state, ids in pages:
-    json.loads(live.rebuild_page(json.dumps(state), json.dumps(ids)))
+    same += json.loads(live.rebuild_page(json.dumps(state), json.dumps(ids)))["same"].values()
 boxes = list(live._live.values())
 edits = 0
 for box in boxes:  # every control of every calculator, edited once: its observers run
@@ -225,25 +227,39 @@ for box in boxes:  # every control of every calculator, edited once: its observe
             control.value = control.value + 1
         edits += 1
 new = sorted(m for m in set(sys.modules) - before if m.split(".")[0] not in sys.stdlib_module_names)
-print(json.dumps({"calculators": len(boxes), "edits": edits, "new": new}))
+print(json.dumps({"calculators": len(boxes), "edits": edits, "new": new, "same": same,
+                  "ipython": sys.modules["IPython"].__file__}))
 """
 
 
-def test_preload_imports_everything_the_live_page_imports_later(tmp_path):
+KERNELLESS = ROOT / "tools" / "live" / "kernelless_ipython"
+
+
+@pytest.mark.parametrize("ipython", ["real", "kernelless"])
+def test_preload_imports_everything_the_live_page_imports_later(tmp_path, ipython):
     """A repeat visit restores a memory snapshot of Python taken after live.preload(): the
     restored Python has no wheel files, so a module outside the standard library first
     imported after preload() would fail on the page (seen: shardlab.widgets._fields). In a
     fresh interpreter: preload, rebuild every stored calculator of the book, edit every
-    control once; nothing outside the standard library may be imported after preload()."""
+    control once; nothing outside the standard library may be imported after preload().
+    Twice: with the notebooks' IPython, and with the page's (``kernelless_ipython``, which
+    the browser build installs instead of IPython): every calculator rebuilds and answers
+    every edit with it too, and nothing reaches for a name it lacks."""
+    import os
     import subprocess
     import sys
 
     pages = tmp_path / "pages.json"
     pages.write_text(json.dumps([stored(p) for p in NOTEBOOKS]))
+    env = dict(os.environ)
+    if ipython == "kernelless":
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(KERNELLESS), env.get("PYTHONPATH")]))
     out = subprocess.run(
         [sys.executable, "-c", PRELOAD_PROBE, str(pages)],
-        capture_output=True, text=True, timeout=300, check=True,
+        capture_output=True, text=True, timeout=300, check=True, env=env,
     ).stdout
     got = json.loads(out.splitlines()[-1])
     assert got["calculators"] >= len(live.CALCULATORS) and got["edits"] > 50, got
     assert got["new"] == [], f"imported after preload(): {got['new']}"
+    assert got["ipython"].startswith(str(KERNELLESS)) == (ipython == "kernelless"), got
+    assert got["same"] and all(got["same"]), got["same"]

@@ -8,14 +8,16 @@ Writes ``DEST/shardlab-live/`` (an ``html_static_path`` of ``_config.yml``, so S
 it to ``_build/html/_static/shardlab-live/``):
 
 * ``shardlab-live.js`` — the page script (``tools/live/shardlab-live.js``), and the files every
-  page loads (``PAGE_FILES``: accessible button names, calculator CSS, the require.js path of
-  the widget fonts, the favicon);
+  page loads (``PAGE_FILES``: the Python worker, accessible button names, calculator CSS, the
+  require.js path of the widget fonts, the favicon);
 * ``pyodide/`` — the Pyodide runtime from the npm package ``pyodide@PYODIDE_VERSION``
   (``pyodide.mjs``, ``pyodide.asm.mjs``, ``pyodide.asm.wasm``, ``python_stdlib.zip``),
   the wheels listed in ``tools/live/requirements-pyodide.txt`` (downloaded from PyPI for
   Python 3.14, each checked against its pinned sha256), a ``shardlab`` wheel built here
-  from ``pkg/shardlab`` (pure Python, reproducible: fixed timestamps, sorted entries), and
-  ``pyodide-lock.json``: the npm package's lock-file header with a ``packages`` table of
+  from ``pkg/shardlab`` (pure Python, reproducible: fixed timestamps, sorted entries), a
+  ``kernelless_ipython`` wheel of ``tools/live/kernelless_ipython/`` (the few IPython names
+  ipywidgets imports, as IPython answers them outside a shell, instead of IPython and its eight
+  dependencies), and ``pyodide-lock.json``: the npm package's lock-file header with a ``packages`` table of
   exactly these wheels and their sha256, which Pyodide checks before installing them.
 
 Downloads are cached under ``--cache`` (git-ignored); with a warm cache the script uses
@@ -44,6 +46,7 @@ PYODIDE_TGZ_SHA256 = "d78ac549b28a2a58600cd06f44e017024151775f8c6b2d73fab1475400
 PYODIDE_PYTHON = "3.14"
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip")
 REQUIREMENTS = ROOT / "tools" / "live" / "requirements-pyodide.txt"
+KERNELLESS_IPYTHON = ROOT / "tools" / "live" / "kernelless_ipython"
 PAGE_SCRIPT = ROOT / "tools" / "live" / "shardlab-live.js"
 # also served from _static/shardlab-live/ (tools/sphinx_shardlab_live.py, _config.yml)
 PAGE_FILES = ("shardlab-worker.js", "shardlab-page.js", "shardlab-live.css", "require-config.js", "favicon.svg")
@@ -132,32 +135,21 @@ def fetch_wheels(cache: Path) -> list[Path]:
     return out
 
 
-def shardlab_wheel() -> tuple[str, bytes]:
-    """A reproducible wheel of ``pkg/shardlab`` (file name, bytes)."""
-    # (a regex, not tomllib: the environment may be Python 3.10)
-    meta = dict(
-        re.findall(
-            r'^(name|version|description) = "(.*)"$',
-            (ROOT / "pkg" / "pyproject.toml").read_text(),
-            re.M,
-        )
-    )
-    name, version = meta["name"], meta["version"]
+def _wheel(name: str, version: str, summary: str, src: Path, top: str) -> tuple[str, bytes]:
+    """A reproducible pure-Python wheel of the package ``src/top`` (file name, bytes)."""
     dist_info = f"{name}-{version}.dist-info"
     files: dict[str, bytes] = {}
-    pkg = ROOT / "pkg"
-    for path in sorted((pkg / "shardlab").rglob("*")):
+    for path in sorted((src / top).rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-            files[path.relative_to(pkg).as_posix()] = path.read_bytes()
+            files[path.relative_to(src).as_posix()] = path.read_bytes()
     files[f"{dist_info}/METADATA"] = (
-        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-        f"Summary: {meta.get('description', '')}\n"
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {summary}\n"
     ).encode()
     files[f"{dist_info}/WHEEL"] = (
         b"Wheel-Version: 1.0\nGenerator: tools/build_live.py\nRoot-Is-Purelib: true\n"
         b"Tag: py3-none-any\n"
     )
-    files[f"{dist_info}/top_level.txt"] = b"shardlab\n"
+    files[f"{dist_info}/top_level.txt"] = f"{top}\n".encode()
     record = []
     for arc, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
@@ -172,6 +164,27 @@ def shardlab_wheel() -> tuple[str, bytes]:
             info.external_attr = 0o644 << 16
             zf.writestr(info, data)
     return f"{name}-{version}-py3-none-any.whl", buf.getvalue()
+
+
+def shardlab_wheel() -> tuple[str, bytes]:
+    """A reproducible wheel of ``pkg/shardlab`` (file name, bytes)."""
+    # (a regex, not tomllib: the environment may be Python 3.10)
+    meta = dict(
+        re.findall(
+            r'^(name|version|description) = "(.*)"$',
+            (ROOT / "pkg" / "pyproject.toml").read_text(),
+            re.M,
+        )
+    )
+    return _wheel(meta["name"], meta["version"], meta.get("description", ""), ROOT / "pkg",
+                  "shardlab")
+
+
+def kernelless_ipython_wheel() -> tuple[str, bytes]:
+    """The page's ``IPython``: the names ipywidgets imports, as outside a shell
+    (``tools/live/kernelless_ipython/IPython/__init__.py`` says why)."""
+    return _wheel("kernelless_ipython", "1.0", "IPython's names without a shell, for a page",
+                  KERNELLESS_IPYTHON, "IPython")
 
 
 def wheel_entry(file_name: str, data: bytes) -> dict:
@@ -216,8 +229,8 @@ def build(dest: Path, cache: Path) -> dict[str, bytes]:
             out[f"pyodide/{name}"] = tf.extractfile(f"package/{name}").read()
         npm_lock = json.load(tf.extractfile("package/pyodide-lock.json"))
     wheels = {p.name: p.read_bytes() for p in fetch_wheels(cache)}
-    name, data = shardlab_wheel()
-    wheels[name] = data
+    for name, data in (shardlab_wheel(), kernelless_ipython_wheel()):
+        wheels[name] = data
     packages = {}
     for file_name, data in sorted(wheels.items()):
         entry = wheel_entry(file_name, data)

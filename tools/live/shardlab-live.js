@@ -35,15 +35,14 @@
   const STATE_MIME = "application/vnd.jupyter.widget-state+json";
   const VIEW_MIME = "application/vnd.jupyter.widget-view+json";
   // Navigation start to the first live result, measured by tests/test_live_browser.py
-  // (test_load_time_cold_and_repeat) and per page in headless Chromium on an idle 2-core
-  // machine (README, "Live calculators"): 3.7-4.2 s on a first visit (5.0 s chapter 10),
-  // 1.1-1.5 s on a later one (2.4-2.5 s chapter 10, whose planner searches once in Python);
-  // on a slower machine of the same kind 5.2-7.9 s and 1.5-2.4 s (chapter 10: 7.8-8.9 s and
-  // 3.7-4.2 s); 40-75 s were measured with both cores kept busy by other programs.
+  // (test_load_time_cold_and_repeat) in headless Chromium on an idle 2-core machine (README,
+  // "Live calculators"): 4.3-4.9 s on a first visit, 1.4-1.6 s on a later one (chapter 10,
+  // whose planner searches once in Python: 2.6-2.9 s); 40-75 s were measured with both cores
+  // kept busy by other programs.
   const EXPECTED =
-    "measured on 2-core machines: 4-8 s the first time, 1-2.5 s on a later visit " +
-    "(chapter 10: 5-9 s and 2.5-4 s), up to a minute while other programs keep it busy; " +
-    "17 MB is downloaded the first time, nothing on a later visit";
+    "measured on a 2-core machine: about 5 s the first time, 1.5 s on a later visit " +
+    "(chapter 10: 3 s), up to a minute while other programs keep it busy; " +
+    "14 MB is downloaded the first time, nothing on a later visit";
   // A runtime file that never arrives can leave Pyodide waiting forever: give up after this
   // long and keep the stored views (tests shorten it with window.shardlabLiveTimeoutMs).
   const TIMEOUT_MS = window.shardlabLiveTimeoutMs || 180000;
