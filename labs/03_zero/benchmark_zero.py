@@ -95,6 +95,19 @@ What limits the ratios above 1.0, measured:
   81, step 52 ms against PyTorch's 100 / 326 / 0 / 126); DDP starts with a 1 MB first bucket
   and ends inside backward. Smaller last buckets (a change to exercise 4's bucketing) would
   shorten that tail.
+* The list forms cost the small size dearly on 4 ranks: the ``bench`` runs (1 MB buckets)
+  went from 0.65-0.71 (ZeRO-1) and 0.53-0.55 (ZeRO-2) with the single forms to 1.25-1.37
+  and 1.17-1.24 with the list forms (A/B, same machine, alternated). ``torch.profiler`` shows
+  why: gloo runs a list ``reduce_scatter`` as ``D`` all-reduces, one per output piece (same
+  wire bytes, ``D`` times the latency). ``benchmark_gloo_forms.py`` times both forms of both
+  collectives by size: the list all-gather took 0.5-1.2x the single one's time (within
+  noise or faster), the list reduce-scatter 1.1-2.7x up to 8 MB on 4 ranks and 0.59-0.84x
+  from 16 MB. Since then (2026-12-04) the
+  gradient reduce-scatter takes the list form only from ``zero1.LIST_FORM_MIN_MB`` (16 MB)
+  and the weights always the list all-gather. Idle, stored runs: ``bench`` ZeRO-1 0.664 /
+  0.638 (2 / 4 ranks), ZeRO-2 0.609 / 0.556; ``25m`` ZeRO-1 0.936 / 0.955, ZeRO-2 0.972
+  [0.859-1.012] on 2 ranks and 1.028 [1.025-1.160] on 4 (four ranks on two cores; the run
+  before it: 1.112 [1.064-1.206]).
   ``--save`` writes
   ``benchmarks/results/zero_<size>_<ranks>ranks.json``.
 """

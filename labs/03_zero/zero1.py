@@ -14,16 +14,15 @@ buffer (copied in once per step; later microbatches accumulate in place).
 Collectives, chunk by chunk (``bucket_size_mb``), so the temporaries are bucket-sized, never
 ``D S``. For each piece ``[lo, hi)`` of the segments:
 
-1. ``reduce_scatter`` (the list form) of the ``D`` rows' ``(c,)`` gradient pieces (sum) into
-   the owner's own piece, started asynchronously by the gradient hooks as soon as every
-   gradient in the piece is final, so it overlaps the rest of backward (as DDP overlaps its
-   all-reduce; pieces go out last first, in the same order on every rank, at most
-   ``max_in_flight`` at once). Each row's piece is contiguous, so the collective reads the
-   gradient buffer itself: nothing is packed on the training thread. Once a piece is sent, the
-   other owners' parts are zeroed, so a later backward accumulates only what is new; the end
-   of backward waits for the last ones. Under ``no_sync()`` nothing is sent and the gradients
-   accumulate locally: gradient accumulation communicates once per update, on the last
-   microbatch (or in ``step()`` if every backward ran under ``no_sync()``);
+1. ``reduce_scatter`` of the ``D`` rows' ``(c,)`` gradient pieces (sum) into the owner's own
+   piece, started asynchronously by the gradient hooks as soon as every gradient in the piece
+   is final, so it overlaps the rest of backward (as DDP overlaps its all-reduce; pieces go
+   out last first, in the same order on every rank, at most ``max_in_flight`` at once). Once
+   a piece is sent, the other owners' parts are zeroed, so a later backward accumulates only
+   what is new; the end of backward waits for the last ones. Under ``no_sync()`` nothing is
+   sent and the gradients accumulate locally: gradient accumulation communicates once per
+   update, on the last microbatch (or in ``step()`` if every backward ran under
+   ``no_sync()``);
 2. ``step()`` divides the own segment by ``D`` (the average) and steps the local optimizer;
 3. ``all_gather`` (the list form) of the owners' ``(c,)`` weight pieces straight into every
    row (the input is a copy of the own piece, ``1/D`` of a bucket): every rank holds the same
@@ -36,14 +35,20 @@ Collectives, chunk by chunk (``bucket_size_mb``), so the temporaries are bucket-
    reads the weights straight after ``step()`` (without a forward) must call
    :meth:`~ShardedOptimizer.wait_for_weights` first.
 
-Why the list forms: the ``(D, S)`` rows put a chunk's ``D`` pieces ``S`` apart, so the
-single-tensor collectives (``reduce_scatter_single``, ``all_gather_single``) would need a
-packed send copy and a receive buffer copied back, each a fresh bucket-sized allocation on the
-training thread (that layout cost ZeRO-1 about 12 % of a step at 25 M on 2 ranks,
-benchmark_zero.py); the list forms take the rows' views as they are. gloo runs either form as
-an all-reduce of a copy of the input (``accounting.wire``: the same wire bytes), made on its
-own thread; an in-place all-reduce plus a local slice measured no faster, so the lab keeps the
-collective the book's formula counts.
+Which form of each collective (``benchmark_gloo_forms.py`` measured both on gloo). The
+``(D, S)`` rows put a chunk's ``D`` pieces ``S`` apart, so the single-tensor forms
+(``reduce_scatter_single``, ``all_gather_single``) need a packed send copy and a receive buffer
+copied back, bucket-sized work on the training thread (about 12 % of a step at 25 M on 2
+ranks, benchmark_zero.py). The list forms (``reduce_scatter`` / ``all_gather`` over the ``D``
+rows' views) take the pieces as they are. The list all-gather measured 0.5-1.2x the single
+one's time with its copy-back (0.25-25 MB, 2 and 4 ranks, two runs: within noise or faster),
+so the weights always take it. gloo runs the list
+*reduce-scatter*, though, as ``D`` all-reduces, one per output piece: the same wire bytes
+(``accounting.wire``), ``D`` times the latency terms, which made it 2x slower for 1 MB on 4
+ranks. So a chunk's reduce-scatter takes the list form only on gloo from ``list_form_min_mb``
+(:func:`list_form`) and the packed single form otherwise (NCCL flattens a list into a copy
+itself). An in-place all-reduce plus a local slice measured no faster, so the lab keeps the
+collectives the book's formula counts.
 
 Bytes. Sent per rank per step: ``2 q (D S) (D-1)/D``, i.e.
 :func:`shardlab.accounting.comm.step_volume` ``("zero1", D*S, D, q)``; ``D S - N`` is the
@@ -65,6 +70,18 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+
+# From a bucket of this many MB gloo's list reduce-scatter (D all-reduces) measured faster
+# than the packed single one on 2 and on 4 ranks (benchmark_gloo_forms.py, two idle runs,
+# 4 ranks: 2.1-2.3x its time at 1 MB, 1.1-1.2x at 8 MB, 0.66-0.84x at 16 MB, 0.59-0.66x at
+# 25 MB; 2 ranks: 0.83-1.32x at 1 MB, 0.44-0.76x from 4 MB).
+LIST_FORM_MIN_MB = 16.0
+
+
+def list_form(chunk_bytes: int, group=None, min_mb: float = LIST_FORM_MIN_MB) -> bool:
+    """Whether a reduce-scatter of ``chunk_bytes`` (all ``D`` pieces) uses the list form: on
+    gloo from ``min_mb`` up; below it, and on every other backend, the single-tensor form."""
+    return dist.get_backend(group) == "gloo" and chunk_bytes >= min_mb * 2**20
 
 
 def assign_owners(numels: list[int], world_size: int) -> list[int]:
@@ -94,16 +111,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
         bucket_size_mb: float = 25.0,
         max_in_flight: int = 2,
         overlap_gather: bool = False,
+        list_form_min_mb: float = LIST_FORM_MIN_MB,
         **kwargs,
     ):
         if not bucket_size_mb > 0:
             raise ValueError(f"bucket_size_mb={bucket_size_mb!r} must be > 0")
+        if not list_form_min_mb >= 0:
+            raise ValueError(f"list_form_min_mb={list_form_min_mb!r} must be >= 0")
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight={max_in_flight!r} must be >= 1")
         super().__init__(params, defaults=kwargs)
         self.bucket_size_mb = bucket_size_mb
         self.max_in_flight = max_in_flight
         self.overlap_gather = overlap_gather
+        self.list_form_min_mb = list_form_min_mb
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -140,10 +161,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.flat_weights = self.flat_grads = None
         self._grad_views: dict[int, torch.Tensor] = {}
         self.require_sync = True
-        self._inflight: list = []  # (work, lo, hi) of started reduce-scatters, oldest first
+        self._inflight: list = []  # (work, lo, hi, send) of reduce-scatters, oldest first
         self._reduced = self._dirty = self._queued = False
         self._to_gather: list[int] = []  # chunks whose weight all-gather has not started
-        self._gathers: list = []  # (chunk, work, recv) of started all-gathers, oldest first
+        self._gathers: list = []  # (chunk, work, own) of started all-gathers, oldest first
         self._pre_hook = None  # the forward pre-hook that waits for them (while any remain)
         if p0 is not None:
             # Which chunks each tensor touches; a chunk goes out once all of its tensors are final.
@@ -170,6 +191,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         per = self.bucket_size_mb * 2**20 / (p0.element_size() * self.world_size)
         c = max(1, int(per))
         return [(lo, min(lo + c, self.segment)) for lo in range(0, self.segment, c)]
+
+    def _list_form(self, lo: int, hi: int) -> bool:
+        """Whether chunk ``[lo, hi)``'s reduce-scatter (``D`` pieces) takes the list form."""
+        nbytes = self.world_size * (hi - lo) * self.flat_grads.element_size()
+        return list_form(nbytes, self.group, self.list_form_min_mb)
 
     def _slices(self) -> list[slice]:
         S = self.segment
@@ -215,13 +241,23 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """Start chunk ``k``'s reduce-scatter of the rows' ``(c,)`` pieces into the own piece."""
         D, S, r = self.world_size, self.segment, self.rank
         lo, hi = self._chunks()[k]
-        # BEGIN SOLUTION hint: async reduce_scatter from the D rows' (c,) pieces (views, no copy) into the own row's piece
         grads = self.flat_grads.view(D, S)  # row o = owner o's segment
-        pieces = [grads[o, lo:hi] for o in range(D)]  # (c,) each, contiguous: nothing packed
-        work = dist.reduce_scatter(
-            grads[r, lo:hi], pieces, op=dist.ReduceOp.SUM, group=self.group, async_op=True
-        )  # the own row gets the sum; the backend reads the pieces on its own thread
-        self._inflight.append((work, lo, hi))
+        if self._list_form(lo, hi):  # a large chunk on gloo: the rows' views, nothing packed
+            pieces = [grads[o, lo:hi] for o in range(D)]  # (c,) each, contiguous
+            work = dist.reduce_scatter(
+                grads[r, lo:hi], pieces, op=dist.ReduceOp.SUM, group=self.group, async_op=True
+            )  # the own row gets the sum; the backend reads the pieces on its own thread
+            self._inflight.append((work, lo, hi, None))
+        else:
+            # BEGIN SOLUTION hint: pack the (D, c) pieces into a (D*c,) copy; async reduce_scatter_single into the own row's piece
+            send = torch.empty(D * (hi - lo), dtype=grads.dtype, device=grads.device)  # (D*c,)
+            send.view(D, -1).copy_(grads[:, lo:hi])  # a copy (<= one bucket), never a view
+            work = dist.reduce_scatter_single(
+                grads[r, lo:hi], send, op=dist.ReduceOp.SUM, group=self.group, async_op=True
+            )  # the own row gets the sum (its old value is in send)
+            self._inflight.append((work, lo, hi, send))
+            # END SOLUTION
+        # BEGIN SOLUTION hint: retire finished reduce-scatters; wait for the oldest only when more than max_in_flight are in flight
         # Retire finished ones; wait for the oldest only when too many are in flight.
         while self._inflight and (
             len(self._inflight) > self.max_in_flight or self._inflight[0][0].is_completed()
@@ -230,9 +266,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # END SOLUTION
 
     def _retire(self) -> None:
-        """Wait for the oldest reduce-scatter, then zero the other owners' pieces it read (a
-        later backward accumulates only what is new)."""
-        work, lo, hi = self._inflight.pop(0)
+        """Wait for the oldest reduce-scatter (freeing its send copy), then zero the other
+        owners' pieces it read (a later backward accumulates only what is new)."""
+        work, lo, hi, _send = self._inflight.pop(0)
         work.wait()
         grads = self.flat_grads.view(self.world_size, self.segment)
         for o in range(self.world_size):

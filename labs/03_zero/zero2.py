@@ -13,7 +13,10 @@ Collectives:
    start equal);
 2. during backward, as soon as all gradients of a bucket are final they are copied into a
    flat buffer, ``param.grad`` is released (``None``), and an asynchronous
-   ``reduce_scatter`` sends each rank its shard of the average, overlapping the rest of
+   ``reduce_scatter`` sends each rank its shard of the average (on gloo a bucket of at least
+   ``list_form_min_mb`` in the list form over the buffer's ``D`` views, which spares gloo's
+   bucket-sized copy of the input; a smaller one, latency-bound, in the single form:
+   :func:`zero1.list_form`), overlapping the rest of
    backward (as DDP overlaps its all-reduce). A bucket whose reduce-scatter has finished is
    completed (its full-size buffer freed) at the next launch; only when more than
    ``max_in_flight`` buckets are in flight does a launch wait for the oldest, which bounds
@@ -43,6 +46,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from zero1 import LIST_FORM_MIN_MB, list_form
 
 
 def unique_trainable_params(module: nn.Module) -> list[nn.Parameter]:
@@ -74,10 +78,13 @@ def make_buckets(params: list[nn.Parameter], bucket_bytes: float) -> list[list[n
 class ZeRO2Config:
     bucket_size_mb: float = 25.0
     max_in_flight: int = 2  # reduce-scatters (full-size bucket buffers) before a launch waits
+    list_form_min_mb: float = LIST_FORM_MIN_MB  # on gloo, buckets from this size: list form
 
     def __post_init__(self) -> None:
         if not self.bucket_size_mb > 0:
             raise ValueError(f"bucket_size_mb={self.bucket_size_mb!r} must be > 0")
+        if not self.list_form_min_mb >= 0:
+            raise ValueError(f"list_form_min_mb={self.list_form_min_mb!r} must be >= 0")
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight={self.max_in_flight!r} must be >= 1")
 
@@ -131,10 +138,11 @@ class ZeRO2(nn.Module):
         bucket_size_mb: float = 25.0,
         group: dist.ProcessGroup | None = None,
         max_in_flight: int = 2,
+        list_form_min_mb: float = LIST_FORM_MIN_MB,
         **kwargs,
     ) -> None:
         super().__init__()
-        self.config = ZeRO2Config(bucket_size_mb, max_in_flight)
+        self.config = ZeRO2Config(bucket_size_mb, max_in_flight, list_form_min_mb)
         self.module = module
         self.group = group
         self.world_size = dist.get_world_size(group)
@@ -210,10 +218,16 @@ class ZeRO2(nn.Module):
         b.grad_buffer.div_(self.world_size)
         first = b.shard.grad is None  # write into the persistent shard, else add later
         b.out = b.grad_shard if first else torch.empty_like(b.grad_shard)
-        pieces = list(b.grad_buffer.chunk(self.world_size))  # (shard_numel,) views, no copy
-        b.handle = dist.reduce_scatter(
-            b.out, pieces, op=dist.ReduceOp.SUM, group=self.group, async_op=True
-        )
+        nbytes = b.padded * b.grad_buffer.element_size()
+        if list_form(nbytes, self.group, self.config.list_form_min_mb):
+            pieces = list(b.grad_buffer.chunk(self.world_size))  # (shard_numel,) views
+            b.handle = dist.reduce_scatter(
+                b.out, pieces, op=dist.ReduceOp.SUM, group=self.group, async_op=True
+            )
+        else:
+            b.handle = dist.reduce_scatter_single(
+                b.out, b.grad_buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True
+            )
         self._inflight.append(b)
         # Free the buffers of finished reduce-scatters; wait only when too many are in flight.
         while self._inflight and (
