@@ -3,7 +3,7 @@ trained with the list form (``list_form_min_mb=0``: every chunk as ``D`` row vie
 the single-tensor form (``inf``: every chunk packed) end with the same weights on every rank
 and send the same bytes (gloo's algorithm, ``accounting.wire``), and each path issues the
 collective it says it does. The labs' other tests run small buckets, which take the single
-form (:data:`zero1.LIST_FORM_MIN_MB`); this file keeps the list form tested as well. Two
+form (:data:`shardlab.runtime.collective_forms.LIST_FORM_MIN_MB`); this file keeps the list form tested as well. Two
 and four ranks, uneven owners, chunks smaller than a tensor (ZeRO-1) and several buckets
 (ZeRO-2), AdamW, three steps on different batches."""
 

@@ -20,8 +20,8 @@ So the single forms win while latency dominates (small buckets, more ranks) and 
 once a bucket's copy costs more than ``D - 1`` extra collectives' latency. This script times
 both forms of both collectives, each call started async and waited for (as the labs do), the
 single forms including ZeRO-1's pack and copy-back, alternating the forms; it prints the
-median time per call of each and the ratio list / single. ``zero1.LIST_FORM_MIN_MB`` is the
-bucket size from which the labs use the list forms, chosen from these runs; ``--save`` writes
+median time per call of each and the ratio list / single. ``shardlab.runtime.collective_forms.LIST_FORM_MIN_MB``
+is the bucket size from which the labs use the list reduce-scatter, chosen from these runs; ``--save`` writes
 ``gloo_forms.json`` (:func:`shardlab.benchresults.write_results`).
 """
 
@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from shardlab.benchresults import add_arguments, load_average, write_results
 from shardlab.runtime import launch
-from zero1 import LIST_FORM_MIN_MB
+from shardlab.runtime.collective_forms import LIST_FORM_MIN_MB
 
 FORMS = ("single", "list")
 

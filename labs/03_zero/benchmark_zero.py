@@ -103,7 +103,7 @@ What limits the ratios above 1.0, measured:
   collectives by size: the list all-gather took 0.5-1.2x the single one's time (within
   noise or faster), the list reduce-scatter 1.1-2.7x up to 8 MB on 4 ranks and 0.59-0.84x
   from 16 MB. Since then (2026-12-04) the
-  gradient reduce-scatter takes the list form only from ``zero1.LIST_FORM_MIN_MB`` (16 MB)
+  gradient reduce-scatter takes the list form only from ``shardlab.runtime.collective_forms.LIST_FORM_MIN_MB`` (16 MB)
   and the weights always the list all-gather. Idle, stored runs: ``bench`` ZeRO-1 0.664 /
   0.638 (2 / 4 ranks), ZeRO-2 0.609 / 0.556; ``25m`` ZeRO-1 0.936 / 0.955, ZeRO-2 0.972
   [0.859-1.012] on 2 ranks and 1.028 [1.025-1.160] on 4 (four ranks on two cores; the run

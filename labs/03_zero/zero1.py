@@ -46,7 +46,7 @@ so the weights always take it. gloo runs the list
 *reduce-scatter*, though, as ``D`` all-reduces, one per output piece: the same wire bytes
 (``accounting.wire``), ``D`` times the latency terms, which made it 2x slower for 1 MB on 4
 ranks. So a chunk's reduce-scatter takes the list form only on gloo from ``list_form_min_mb``
-(:func:`list_form`) and the packed single form otherwise (NCCL flattens a list into a copy
+(``shardlab.runtime.collective_forms``) and the packed single form otherwise (NCCL flattens a list into a copy
 itself). An in-place all-reduce plus a local slice measured no faster, so the lab keeps the
 collectives the book's formula counts.
 
@@ -70,18 +70,7 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-
-# From a bucket of this many MB gloo's list reduce-scatter (D all-reduces) measured faster
-# than the packed single one on 2 and on 4 ranks (benchmark_gloo_forms.py, two idle runs,
-# 4 ranks: 2.1-2.3x its time at 1 MB, 1.1-1.2x at 8 MB, 0.66-0.84x at 16 MB, 0.59-0.66x at
-# 25 MB; 2 ranks: 0.83-1.32x at 1 MB, 0.44-0.76x from 4 MB).
-LIST_FORM_MIN_MB = 16.0
-
-
-def list_form(chunk_bytes: int, group=None, min_mb: float = LIST_FORM_MIN_MB) -> bool:
-    """Whether a reduce-scatter of ``chunk_bytes`` (all ``D`` pieces) uses the list form: on
-    gloo from ``min_mb`` up; below it, and on every other backend, the single-tensor form."""
-    return dist.get_backend(group) == "gloo" and chunk_bytes >= min_mb * 2**20
+from shardlab.runtime.collective_forms import LIST_FORM_MIN_MB, list_form
 
 
 def assign_owners(numels: list[int], world_size: int) -> list[int]:

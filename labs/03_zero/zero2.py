@@ -16,7 +16,7 @@ Collectives:
    ``reduce_scatter`` sends each rank its shard of the average (on gloo a bucket of at least
    ``list_form_min_mb`` in the list form over the buffer's ``D`` views, which spares gloo's
    bucket-sized copy of the input; a smaller one, latency-bound, in the single form:
-   :func:`zero1.list_form`), overlapping the rest of
+   ``shardlab.runtime.collective_forms``), overlapping the rest of
    backward (as DDP overlaps its all-reduce). A bucket whose reduce-scatter has finished is
    completed (its full-size buffer freed) at the next launch; only when more than
    ``max_in_flight`` buckets are in flight does a launch wait for the oldest, which bounds
@@ -45,8 +45,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from shardlab.runtime.collective_forms import LIST_FORM_MIN_MB, list_form
 from torch import nn
-from zero1 import LIST_FORM_MIN_MB, list_form
 
 
 def unique_trainable_params(module: nn.Module) -> list[nn.Parameter]:
