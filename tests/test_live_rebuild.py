@@ -119,6 +119,39 @@ def test_rebuilding_renders_once_with_every_stored_input(monkeypatch):
     assert len(renders) == 3
 
 
+def test_a_deferred_calculator_shows_its_stored_output_then_is_computed(sent, monkeypatch):
+    """With ``defer=True`` (the page) the planner shows its stored output without searching
+    (``same`` is null), and ``verify_page()`` then searches once with the stored inputs and
+    reports that it reproduced the stored output; a planner the reader edited before the
+    verification is not compared (null), and a computed result that differs says so."""
+    from shardlab.widgets import planner
+
+    state, ids = stored(ROOT / "book" / "10_combining.ipynb")
+    models = state["state"]
+    renders = []
+    real = planner.render_planner
+    monkeypatch.setattr(planner, "render_planner", lambda **kw: renders.append(1) or real(**kw))
+    monkeypatch.setattr(live, "_unverified", {})
+    result = json.loads(live.rebuild_page(json.dumps(state), json.dumps(ids), True))
+    (box_id,) = [i for i in result["views"] if live._title(models, i) == "Layout planner"]
+    box = live._live[box_id]
+    assert result["same"][box_id] is None and renders == []
+    assert box.output.value == live.stored_output(models, box_id)
+    assert all(v is True for k, v in result["same"].items() if k != box_id), result["same"]
+    assert json.loads(live.verify_page()) == {box_id: True} and len(renders) == 1
+    assert json.loads(live.verify_page()) == {}  # once
+    # edited before the verification: computed by the edit, not compared
+    live.rebuild_page(json.dumps(state), json.dumps([box_id]), True)
+    edited = live._live[box_id]
+    edited.controls["top"].value = str(int(float(edited.controls["top"].value)) + 1)
+    assert json.loads(live.verify_page()) == {box_id: None}
+    # a result that differs from the stored one is reported
+    monkeypatch.setattr(planner, "render_planner", lambda **kw: real(**kw) + "<p>new</p>")
+    live.rebuild_page(json.dumps(state), json.dumps([box_id]), True)
+    assert json.loads(live.verify_page()) == {box_id: False}
+    assert live._live[box_id].output.value.endswith("<p>new</p>")
+
+
 def test_an_edit_from_the_page_reaches_the_calculator_and_comes_back(sent):
     state, ids = stored(ROOT / "book" / "02_memory.ipynb")
     result = json.loads(live.rebuild_page(json.dumps(state), json.dumps(ids)))

@@ -28,7 +28,8 @@
  * window.shardlabLive reports progress for tests (tests/test_live_browser.py): state
  * ("loading" | "ready" | "failed"), readyAt (ms from navigation start to the live
  * calculators showing Python's first result), readyMs (the same from this script's start),
- * same (stored id -> the live result equals the stored one), errors.
+ * same (stored id -> the live result equals the stored one; null for a costly calculator
+ * until it is computed, just after the page is live), verified (every one computed), errors.
  */
 (function () {
   "use strict";
@@ -59,6 +60,7 @@
     errors: [],
     calculators: 0,
     same: {},
+    verified: false, // every deferred calculator computed (live.same complete)
   });
 
   function phase(name) {
@@ -139,7 +141,7 @@
   // restores a memory snapshot of Python that the first visit stored in the browser's Cache
   // Storage (the worker explains the key). Calls into Python are messages: each answer is
   // posted after the widget messages the call made, so the page sees those first.
-  const answers = { rebuilt: [], stored: [] }; // [resolve, reject] of calls waiting, in order
+  const answers = { rebuilt: [], verified: [], stored: [] }; // [resolve, reject] of calls waiting
   const delivered = new Map(); // seq of a widget message -> resolve(error or null)
   let deliverSeq = 0;
   let onBridge = null; // handles a widget message from Python (set by start())
@@ -162,13 +164,14 @@
       } else if (m.type === "failed") {
         const err = new Error(m.message);
         reject(err);
-        for (const waiting of [answers.rebuilt, answers.stored]) {
+        for (const waiting of Object.values(answers)) {
           for (const [, no] of waiting.splice(0)) no(err);
         }
       } else if (m.type === "bridge") {
         if (onBridge) onBridge(m.text);
         else early.push(m.text);
       } else if (m.type === "rebuilt") answers.rebuilt.shift()[0](m.result);
+      else if (m.type === "verified") answers.verified.shift()[0](m.result);
       else if (m.type === "stored") {
         if (m.error) answers.stored.shift()[1](new Error(m.error));
         else answers.stored.shift()[0](m.bytes);
@@ -340,7 +343,9 @@
     const managerReady = requireModule("@jupyter-widgets/html-manager");
     await pythonReady;
     phase("python");
-    // Python rebuilds the calculators while the widget manager's modules evaluate here
+    // Python rebuilds the calculators while the widget manager's modules evaluate here; a
+    // costly one (chapter 10's planner) shows its stored output and computes it once the page
+    // is live (verify below)
     const rebuilt = call("rebuild", "rebuilt", {
       state: stateTag.textContent,
       views: JSON.stringify(views.map((v) => v.id)),
@@ -415,10 +420,18 @@
         "Live: change any input (press Enter or leave the field) and shardlab recomputes " +
         "the result in your browser " +
         "(Python started in " + secs + " s)." +
-        (result.same[id] ? "" : " Note: the live result differs from the stored one; the package changed after the chapter was executed.");
+        (result.same[id] === false ? DIFFERS : "");
       note.dataset.state = "ready";
       noteStyle(note, "#2a7");
     }
+    // the deferred calculators compute now, with the page live: same result, or it shows
+    const checked = JSON.parse(await call("verify", "verified", {}));
+    for (const { id, note } of views) {
+      if (!(id in checked)) continue;
+      live.same[id] = checked[id];
+      if (checked[id] === false && note.dataset.state === "ready") note.textContent += DIFFERS;
+    }
+    live.verified = true;
   }
 
   // A calculator's result area scrolls sideways when wider than the column: make every such
@@ -434,6 +447,9 @@
       el.setAttribute("aria-label", "calculator result");
     }
   }
+
+  const DIFFERS =
+    " Note: the live result differs from the stored one; the package changed after the chapter was executed.";
 
   function fail(err) {
     if (live.state !== "loading") return;

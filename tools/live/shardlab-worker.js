@@ -12,7 +12,9 @@
  *                              stored in Cache Storage, or start it, install the wheels of
  *                              pyodide-lock.json, import what the calculators need
  *                              (shardlab.widgets.live.preload) and copy Python's memory
- *   rebuild {state, views}     shardlab.widgets.live.rebuild_page(state, views)
+ *   rebuild {state, views}     shardlab.widgets.live.rebuild_page(state, views, defer=True):
+ *                              a costly calculator shows its stored output at first
+ *   verify                     shardlab.widgets.live.verify_page(): compute those now
  *   deliver {seq, commId, data} a widget message from the page to Python
  *   store                      store the snapshot made by this visit (once the page is live)
  * Messages to the page:
@@ -21,6 +23,7 @@
  *   ready {snapshot}           Python can rebuild; snapshot: bytes restored, or the error
  *   bridge {text}              a widget message from Python (comm_open / comm_msg / comm_close)
  *   rebuilt {result}           rebuild_page's JSON answer
+ *   verified {result}          verify_page's JSON answer
  *   delivered {seq, error}     Python handled message seq (error: why it refused it)
  *   stored {bytes, error}      the snapshot was stored (or why not)
  *   failed {message}           Python could not start
@@ -144,8 +147,14 @@ self.onmessage = async (event) => {
   } else if (msg.type === "rebuild") {
     try {
       bridge();
-      const result = live.rebuild_page(msg.state, msg.views);
+      const result = live.rebuild_page(msg.state, msg.views, true); // defer the costly ones
       self.postMessage({ type: "rebuilt", result });
+    } catch (err) {
+      self.postMessage({ type: "failed", message: String(err && err.message ? err.message : err) });
+    }
+  } else if (msg.type === "verify") {
+    try {
+      self.postMessage({ type: "verified", result: live.verify_page() });
     } catch (err) {
       self.postMessage({ type: "failed", message: String(err && err.message ? err.message : err) });
     }

@@ -57,8 +57,15 @@ CALCULATORS: dict[str, Callable[..., Any]] = {
 # tests/test_live_rebuild.py checks that rebuilding and editing every stored calculator after
 # preload() imports nothing else from outside the standard library.
 PRELOAD = ("comm", "comm.base_comm", "ipywidgets", "ipywidgets.widgets.widget", "traitlets")
+# Calculators whose first render takes most of a second in Pyodide (the planner searches every
+# layout). With ``defer=True`` (the page) :func:`rebuild_page` shows their stored output for
+# the stored inputs at once and :func:`verify_page` computes it afterwards, while the page is
+# already live: the reader sees the same result a moment sooner, and a difference still shows.
+DEFERRED = frozenset({"Layout planner"})
 _SELECTION = ("_options_labels", "index")
 _live: dict[str, Any] = {}  # stored view model id -> rebuilt calculator (keeps them alive)
+# stored view id -> (its stored output, its inputs then) of a deferred calculator not yet computed
+_unverified: dict[str, tuple[str, list[Any]]] = {}
 _send: Callable[[str], None] | None = None
 
 
@@ -109,12 +116,13 @@ def _apply(widget: Any, stored: dict[str, Any]) -> None:
         widget.value = stored["value"]
 
 
-def rebuild(models: dict[str, Any], box_id: str) -> Any:
+def rebuild(models: dict[str, Any], box_id: str, defer: bool = False) -> Any:
     """Rebuild the stored calculator ``box_id`` (a VBox in ``models``) with its stored inputs.
 
     ``models`` is the ``"state"`` mapping of a page's widget state (model id -> model).
     Raises ``ValueError`` naming the model when it is not a known calculator or its controls
-    do not match the calculator's.
+    do not match the calculator's. ``defer``: show the stored output instead of computing it
+    (``box.update()`` computes it later).
     """
     title = _title(models, box_id)
     if title not in CALCULATORS:
@@ -131,7 +139,10 @@ def rebuild(models: dict[str, Any], box_id: str) -> Any:
             )
         for widget, state in zip(widgets, stored, strict=True):
             _apply(widget, state)
-    box.update()
+    if defer:
+        box.output.value = stored_output(models, box_id)
+    else:
+        box.update()
     if CALCULATORS[title] is comm_calculator:
         _keep_selected_preset(box)
     return box
@@ -167,13 +178,15 @@ def preload() -> None:
         importlib.import_module(f"{package}.{info.name}")
 
 
-def rebuild_page(state_json: str, view_ids_json: str) -> str:
+def rebuild_page(state_json: str, view_ids_json: str, defer: bool = False) -> str:
     """Rebuild every calculator among a page's displayed widgets.
 
     ``state_json``: the page's ``application/vnd.jupyter.widget-state+json`` text;
     ``view_ids_json``: JSON list of the model ids the page displays. Returns JSON
     ``{"views": {stored id: live id}, "same": {stored id: bool}, "errors": {id: text}}``;
-    ``same`` says whether the live calculator reproduced the stored output exactly.
+    ``same`` says whether the live calculator reproduced the stored output exactly. With
+    ``defer``, a :data:`DEFERRED` calculator shows its stored output and its ``same`` is
+    ``null`` until :func:`verify_page` has computed it.
     """
     models = json.loads(state_json)["state"]
     views: dict[str, str] = {}
@@ -182,15 +195,37 @@ def rebuild_page(state_json: str, view_ids_json: str) -> str:
     for view_id in json.loads(view_ids_json):
         if _title(models, view_id) is None:
             continue
+        later = defer and _title(models, view_id) in DEFERRED
         try:
-            box = rebuild(models, view_id)
+            box = rebuild(models, view_id, defer=later)
         except Exception as exc:  # report it on the page; the stored view stays
             errors[view_id] = f"{exc.__class__.__name__}: {exc}"
             continue
         _live[view_id] = box
         views[view_id] = box.model_id
-        same[view_id] = box.output.value == stored_output(models, view_id)
+        if later:
+            _unverified[view_id] = (stored_output(models, view_id), _inputs(box))
+            same[view_id] = None
+        else:
+            same[view_id] = box.output.value == stored_output(models, view_id)
     return json.dumps({"views": views, "same": same, "errors": errors})
+
+
+def _inputs(box: Any) -> list[Any]:
+    return [c.value for c in box.controls.values()]
+
+
+def verify_page() -> str:
+    """Compute every calculator :func:`rebuild_page` deferred and say whether each reproduced
+    its stored output: JSON ``{stored id: bool}``; the view shows the computed output. One the
+    reader edited meanwhile was computed by the edit, for other inputs: ``null`` (not
+    compared)."""
+    same: dict[str, bool | None] = {}
+    for view_id, (stored, inputs) in list(_unverified.items()):
+        del _unverified[view_id]
+        box = _live[view_id]
+        same[view_id] = box.update() == stored if _inputs(box) == inputs else None
+    return json.dumps(same)
 
 
 # --------------------------------------------------------------------------- comm bridge
