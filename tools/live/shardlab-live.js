@@ -38,11 +38,11 @@
   // Navigation start to the first live result, measured by tests/test_live_browser.py
   // (test_load_time_cold_and_repeat) in headless Chromium on an idle 2-core machine (README,
   // "Live calculators"): 4.3-4.9 s on a first visit when idle (up to 6.2 s after other jobs),
-  // 1.3-1.9 s on a later one (chapter 10: 2.4-2.9 s); 40-75 s were measured with both cores
+  // 1.3-1.9 s on a later one (chapter 10: 1.9-3.3 s); 40-75 s were measured with both cores
   // kept busy by other programs.
   const EXPECTED =
     "measured on a 2-core machine: about 5 s the first time, 1.5 s on a later visit " +
-    "(chapter 10: 3 s), up to a minute while other programs keep it busy; " +
+    "(chapter 10: 2.5 s), up to a minute while other programs keep it busy; " +
     "14 MB is downloaded the first time, nothing on a later visit";
   // A runtime file that never arrives can leave Pyodide waiting forever: give up after this
   // long and keep the stored views (tests shorten it with window.shardlabLiveTimeoutMs).
@@ -93,20 +93,46 @@
       } catch (e) {
         continue;
       }
-      const m = models[id];
-      if (!m || m.model_name !== "VBoxModel") continue;
-      const first = (m.state.children || [])[0];
-      const title = first && models[String(first).replace("IPY_MODEL_", "")];
-      if (title && title.model_name === "HTMLModel" && /^<b>.*<\/b>$/.test(title.state.value)) {
-        out.push({ id, tag });
-      }
+      if (isCalculator(models, id)) out.push({ id, tag });
     }
     return out;
+  }
+
+  function isCalculator(models, id) {
+    const m = models[id];
+    if (!m || m.model_name !== "VBoxModel") return false;
+    const first = (m.state.children || [])[0];
+    const title = first && models[String(first).replace("IPY_MODEL_", "")];
+    return Boolean(title && title.model_name === "HTMLModel" && /^<b>.*<\/b>$/.test(title.state.value));
+  }
+
+  // Resolves with the first element matching `selector` once the parser is past it (the next
+  // node exists, or the document is parsed), or with null if the parsed document has none.
+  function whenParsed(selector) {
+    return new Promise((resolve) => {
+      const check = () => {
+        const el = document.querySelector(selector);
+        if (el && (el.nextSibling || document.readyState !== "loading")) return resolve(el), true;
+        if (document.readyState !== "loading") return resolve(null), true;
+        return false;
+      };
+      if (check()) return;
+      const timer = setInterval(() => check() && clearInterval(timer), 15);
+    });
   }
 
   function requireModule(name) {
     return new Promise((resolve, reject) => window.requirejs([name], resolve, reject));
   }
+
+  // The widget manager's modules take about half a second of this thread to evaluate: start as
+  // soon as embed-amd.js (in the page's head, after require.js and require-config.js) has
+  // defined them, while the rest of the page is still parsed, rather than after it.
+  const managerReady = whenParsed('script[src*="embed-amd.js"]').then((amd) => {
+    if (!amd || !window.requirejs) throw new Error("the page loads no widget manager (embed-amd.js)");
+    return requireModule("@jupyter-widgets/html-manager");
+  });
+  managerReady.catch(() => {}); // reported by start(), which awaits it
 
   // ipywidgets' HTML views typeset with the MathJax 2 call MathJax.Hub.Queue; the book loads
   // MathJax 3, which has no Hub, so every widget view logged a TypeError. Forward the call to
@@ -198,6 +224,21 @@
       worker.postMessage({ type: "deliver", seq, commId, data });
     });
   }
+  // Python rebuilds the calculators as soon as it is ready and the widget state (in the page's
+  // head) is parsed, while the page's body is still parsed and the widget manager's modules
+  // evaluate: every calculator of the state is displayed once. A costly one (chapter 10's
+  // planner) shows its stored output and computes it once the page is live (verify below).
+  const rebuiltEarly = whenParsed(`script[type="${STATE_MIME}"]`).then(async (tag) => {
+    if (!tag) return null;
+    const text = tag.textContent;
+    const models = JSON.parse(text).state;
+    const ids = Object.keys(models).filter((id) => isCalculator(models, id));
+    if (!ids.length) return null;
+    // posted now, not after Python's "ready" reaches this (busy) thread: the worker waits
+    return call("rebuild", "rebuilt", { state: text, views: JSON.stringify(ids) });
+  });
+  rebuiltEarly.catch(() => {}); // reported by start(), which awaits it
+
   async function storeSnapshot() {
     const bytes = await call("store", "stored", {});
     if (bytes) live.snapshot.stored = bytes; // 0: this visit restored, nothing new to store
@@ -339,17 +380,9 @@
       "loading",
     );
 
-    // the widget manager's scripts load while Python starts, not after
-    const managerReady = requireModule("@jupyter-widgets/html-manager");
     await pythonReady;
     phase("python");
-    // Python rebuilds the calculators while the widget manager's modules evaluate here; a
-    // costly one (chapter 10's planner) shows its stored output and computes it once the page
-    // is live (verify below)
-    const rebuilt = call("rebuild", "rebuilt", {
-      state: stateTag.textContent,
-      views: JSON.stringify(views.map((v) => v.id)),
-    });
+    const rebuilt = rebuiltEarly; // started before the page was parsed (above)
     const htmlManager = await managerReady;
     phase("manager");
     const manager = new htmlManager.HTMLManager({
@@ -377,8 +410,11 @@
     const result = JSON.parse(await rebuilt);
     phase("rebuild");
     await Promise.all(opened);
-    await pageLoaded;
-    phase("page-load");
+    // No wait for the page's load event (the stored views render then, and on a repeat visit
+    // it comes after Python is ready): a stored view rendered after the live one stays hidden
+    // (.shardlab-has-live, shardlab-live.css), so nothing moves; edits can only have been made
+    // in a stored view that already exists, and those are replayed below.
+    pageLoaded.then(() => phase("page-load"));
     if (live.state !== "loading") return; // timed out meanwhile: keep the stored views
     for (const { id, tag, note } of views) {
       const liveId = result.views[id];
@@ -398,6 +434,7 @@
       holder.className = "widget-subarea shardlab-live-view";
       holder.dataset.storedModelId = id;
       tag.parentElement.insertBefore(holder, tag);
+      tag.parentElement.classList.add("shardlab-has-live");
       await manager.display_view(view, holder);
       let replayed = 0;
       for (const el of tag.parentElement.querySelectorAll(

@@ -12,7 +12,8 @@
  *                              stored in Cache Storage, or start it, install the wheels of
  *                              pyodide-lock.json, import what the calculators need
  *                              (shardlab.widgets.live.preload) and copy Python's memory
- *   rebuild {state, views}     shardlab.widgets.live.rebuild_page(state, views, defer=True):
+ *   rebuild {state, views}     (may come before ready: it waits for Python)
+ *                              shardlab.widgets.live.rebuild_page(state, views, defer=True):
  *                              a costly calculator shows its stored output at first
  *   verify                     shardlab.widgets.live.verify_page(): compute those now
  *   deliver {seq, commId, data} a widget message from the page to Python
@@ -34,6 +35,7 @@ let py = null;
 let live = null; // shardlab.widgets.live
 let snapshotToStore = null; // [key, bytes] made on this visit, stored once the page is live
 let bridged = false;
+let started = null; // start()'s promise: a rebuild may arrive while Python is still starting
 
 function phase(name) {
   self.postMessage({ type: "phase", name, at: performance.timeOrigin + performance.now() });
@@ -139,15 +141,19 @@ self.onmessage = async (event) => {
   const msg = event.data;
   if (msg.type === "start") {
     try {
-      const snapshot = await start(msg.pyBase);
+      started = start(msg.pyBase);
+      const snapshot = await started;
       self.postMessage({ type: "ready", snapshot });
     } catch (err) {
       self.postMessage({ type: "failed", message: String(err && err.message ? err.message : err) });
     }
   } else if (msg.type === "rebuild") {
     try {
+      await started; // sent as soon as the page's widget state is parsed, maybe before ready
       bridge();
+      phase("rebuild-start");
       const result = live.rebuild_page(msg.state, msg.views, true); // defer the costly ones
+      phase("rebuilt-in-python");
       self.postMessage({ type: "rebuilt", result });
     } catch (err) {
       self.postMessage({ type: "failed", message: String(err && err.message ? err.message : err) });
