@@ -35,20 +35,17 @@ Collectives, chunk by chunk (``bucket_size_mb``), so the temporaries are bucket-
    reads the weights straight after ``step()`` (without a forward) must call
    :meth:`~ShardedOptimizer.wait_for_weights` first.
 
-Which form of each collective (``benchmark_gloo_forms.py`` measured both on gloo). The
-``(D, S)`` rows put a chunk's ``D`` pieces ``S`` apart, so the single-tensor forms
-(``reduce_scatter_single``, ``all_gather_single``) need a packed send copy and a receive buffer
-copied back, bucket-sized work on the training thread (about 12 % of a step at 25 M on 2
-ranks, benchmark_zero.py). The list forms (``reduce_scatter`` / ``all_gather`` over the ``D``
-rows' views) take the pieces as they are. The list all-gather measured 0.5-1.2x the single
-one's time with its copy-back (0.25-25 MB, 2 and 4 ranks, two runs: within noise or faster),
-so the weights always take it. gloo runs the list
-*reduce-scatter*, though, as ``D`` all-reduces, one per output piece: the same wire bytes
-(``accounting.wire``), ``D`` times the latency terms, which made it 2x slower for 1 MB on 4
-ranks. So a chunk's reduce-scatter takes the list form only on gloo from ``list_form_min_mb``
-(``shardlab.runtime.collective_forms``) and the packed single form otherwise (NCCL flattens a list into a copy
-itself). An in-place all-reduce plus a local slice measured no faster, so the lab keeps the
-collectives the book's formula counts.
+Which form of each collective (``benchmark_gloo_forms.py`` measured them on gloo). The
+``(D, S)`` rows put a chunk's ``D`` pieces ``S`` apart, so the single-tensor
+``reduce_scatter_single`` needs a packed send copy (the exercise's form); the list
+``all_gather`` over the ``D`` rows' views writes the pieces where they are (measured within
+noise of the single form with its copy-back, or faster), so small chunks take those two. On
+gloo a chunk of at least ``gloo_form_min_mb`` takes the gloo forms
+(``shardlab.runtime.collective_forms``): the reduce-scatter as ``D`` in-place all-reduces of
+the rows' pieces (gloo's own reduce-scatter is an all-reduce of a copy: the same wire bytes,
+less local work) and the all-gather as ``D`` in-place broadcasts, each piece from its owner
+(the same bytes per rank). Below that size latency dominates and the ``D`` all-reduces lost
+(1.3-2.4x a single reduce-scatter at 0.25-1 MB on 4 ranks); on NCCL the standard forms always.
 
 Bytes. Sent per rank per step: ``2 q (D S) (D-1)/D``, i.e.
 :func:`shardlab.accounting.comm.step_volume` ``("zero1", D*S, D, q)``; ``D S - N`` is the
@@ -70,7 +67,12 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-from shardlab.runtime.collective_forms import LIST_FORM_MIN_MB, list_form
+from shardlab.runtime.collective_forms import (
+    GLOO_FORM_MIN_MB,
+    all_reduce_pieces,
+    broadcast_pieces,
+    gloo_form,
+)
 
 
 def assign_owners(numels: list[int], world_size: int) -> list[int]:
@@ -100,20 +102,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
         bucket_size_mb: float = 25.0,
         max_in_flight: int = 2,
         overlap_gather: bool = False,
-        list_form_min_mb: float = LIST_FORM_MIN_MB,
+        gloo_form_min_mb: float = GLOO_FORM_MIN_MB,
         **kwargs,
     ):
         if not bucket_size_mb > 0:
             raise ValueError(f"bucket_size_mb={bucket_size_mb!r} must be > 0")
-        if not list_form_min_mb >= 0:
-            raise ValueError(f"list_form_min_mb={list_form_min_mb!r} must be >= 0")
+        if not gloo_form_min_mb >= 0:
+            raise ValueError(f"gloo_form_min_mb={gloo_form_min_mb!r} must be >= 0")
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight={max_in_flight!r} must be >= 1")
         super().__init__(params, defaults=kwargs)
         self.bucket_size_mb = bucket_size_mb
         self.max_in_flight = max_in_flight
         self.overlap_gather = overlap_gather
-        self.list_form_min_mb = list_form_min_mb
+        self.gloo_form_min_mb = gloo_form_min_mb
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -181,10 +183,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         c = max(1, int(per))
         return [(lo, min(lo + c, self.segment)) for lo in range(0, self.segment, c)]
 
-    def _list_form(self, lo: int, hi: int) -> bool:
-        """Whether chunk ``[lo, hi)``'s reduce-scatter (``D`` pieces) takes the list form."""
+    def _gloo_form(self, lo: int, hi: int) -> bool:
+        """Whether chunk ``[lo, hi)`` (``D`` pieces) moves in the gloo forms (in-place
+        all-reduces and broadcasts of the rows' pieces: ``shardlab.runtime.collective_forms``)."""
         nbytes = self.world_size * (hi - lo) * self.flat_grads.element_size()
-        return list_form(nbytes, self.group, self.list_form_min_mb)
+        return gloo_form(nbytes, self.group, self.gloo_form_min_mb)
 
     def _slices(self) -> list[slice]:
         S = self.segment
@@ -231,11 +234,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         D, S, r = self.world_size, self.segment, self.rank
         lo, hi = self._chunks()[k]
         grads = self.flat_grads.view(D, S)  # row o = owner o's segment
-        if self._list_form(lo, hi):  # a large chunk on gloo: the rows' views, nothing packed
-            pieces = [grads[o, lo:hi] for o in range(D)]  # (c,) each, contiguous
-            work = dist.reduce_scatter(
-                grads[r, lo:hi], pieces, op=dist.ReduceOp.SUM, group=self.group, async_op=True
-            )  # the own row gets the sum; the backend reads the pieces on its own thread
+        if self._gloo_form(lo, hi):  # a large chunk on gloo: the rows' pieces, nothing packed
+            # every row's (c,) piece summed in place (the own row gets its sum; the others'
+            # sums are zeroed by _retire, as after a reduce-scatter): gloo's reduce-scatter
+            # is an all-reduce of a copy anyway, so the same wire bytes, no copy
+            work = all_reduce_pieces([grads[o, lo:hi] for o in range(D)], self.group)
             self._inflight.append((work, lo, hi, None))
         else:
             # BEGIN SOLUTION hint: pack the (D, c) pieces into a (D*c,) copy; async reduce_scatter_single into the own row's piece
@@ -325,6 +328,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         D, S, r = self.world_size, self.segment, self.rank
         lo, hi = self._chunks()[k]
         weights = self.flat_weights.view(D, S)  # row o = owner o's segment
+        if self._gloo_form(lo, hi):  # a large chunk on gloo: each owner broadcasts its piece
+            pieces = [weights[o, lo:hi] for o in range(D)]  # (c,) each, written in place
+            self._gathers.append((k, broadcast_pieces(pieces, self.group), None))
+            return
         # BEGIN SOLUTION hint: async all_gather into the D rows' (c,) pieces (views) from a copy of the own piece
         own = weights[r, lo:hi].clone()  # (c,): the input must not alias an output
         pieces = [weights[o, lo:hi] for o in range(D)]  # written in place: no copy-in

@@ -14,16 +14,17 @@ Collectives:
 2. during backward, as soon as all gradients of a bucket are final they are copied into a
    flat buffer, ``param.grad`` is released (``None``), and an asynchronous
    ``reduce_scatter`` sends each rank its shard of the average (on gloo a bucket of at least
-   ``list_form_min_mb`` in the list form over the buffer's ``D`` views, which spares gloo's
-   bucket-sized copy of the input; a smaller one, latency-bound, in the single form:
-   ``shardlab.runtime.collective_forms``), overlapping the rest of
+   ``gloo_form_min_mb`` as an in-place ``all_reduce`` of the buffer whose own piece the rank
+   keeps: gloo's reduce-scatter is an all-reduce of a copy, the same wire bytes, so this
+   spares the copy; ``shardlab.runtime.collective_forms``), overlapping the rest of
    backward (as DDP overlaps its all-reduce). A bucket whose reduce-scatter has finished is
    completed (its full-size buffer freed) at the next launch; only when more than
    ``max_in_flight`` buckets are in flight does a launch wait for the oldest, which bounds
    the full-size buffers alive at once. Under ``no_sync()`` nothing is sent and full local
    gradients accumulate instead;
 3. ``step()`` runs the optimizer on the shards and starts an asynchronous, in-place
-   ``all_gather`` per bucket (in forward order); a forward pre-hook on each module waits for
+   ``all_gather`` per bucket (in forward order; on gloo from ``gloo_form_min_mb`` as ``D``
+   in-place broadcasts, each shard from its owner: the same bytes per rank); a forward pre-hook on each module waits for
    its parameters' bucket just before their first use, so the all-gathers overlap the next
    forward. ``state_dict()`` and the next ``step()`` wait too; anything else that reads the
    weights between ``step()`` and the next forward calls :meth:`ZeRO2.wait_for_weights`.
@@ -45,7 +46,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from shardlab.runtime.collective_forms import LIST_FORM_MIN_MB, list_form
+from shardlab.runtime.collective_forms import (
+    GLOO_FORM_MIN_MB,
+    all_reduce_pieces,
+    broadcast_pieces,
+    gloo_form,
+)
 from torch import nn
 
 
@@ -78,13 +84,13 @@ def make_buckets(params: list[nn.Parameter], bucket_bytes: float) -> list[list[n
 class ZeRO2Config:
     bucket_size_mb: float = 25.0
     max_in_flight: int = 2  # reduce-scatters (full-size bucket buffers) before a launch waits
-    list_form_min_mb: float = LIST_FORM_MIN_MB  # on gloo, buckets from this size: list form
+    gloo_form_min_mb: float = GLOO_FORM_MIN_MB  # on gloo, buckets from this size: gloo forms
 
     def __post_init__(self) -> None:
         if not self.bucket_size_mb > 0:
             raise ValueError(f"bucket_size_mb={self.bucket_size_mb!r} must be > 0")
-        if not self.list_form_min_mb >= 0:
-            raise ValueError(f"list_form_min_mb={self.list_form_min_mb!r} must be >= 0")
+        if not self.gloo_form_min_mb >= 0:
+            raise ValueError(f"gloo_form_min_mb={self.gloo_form_min_mb!r} must be >= 0")
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight={self.max_in_flight!r} must be >= 1")
 
@@ -138,11 +144,11 @@ class ZeRO2(nn.Module):
         bucket_size_mb: float = 25.0,
         group: dist.ProcessGroup | None = None,
         max_in_flight: int = 2,
-        list_form_min_mb: float = LIST_FORM_MIN_MB,
+        gloo_form_min_mb: float = GLOO_FORM_MIN_MB,
         **kwargs,
     ) -> None:
         super().__init__()
-        self.config = ZeRO2Config(bucket_size_mb, max_in_flight, list_form_min_mb)
+        self.config = ZeRO2Config(bucket_size_mb, max_in_flight, gloo_form_min_mb)
         self.module = module
         self.group = group
         self.world_size = dist.get_world_size(group)
@@ -204,7 +210,11 @@ class ZeRO2(nn.Module):
         b = self._bucket_of[id(p)]
         # BEGIN SOLUTION hint: copy grad into the flat buffer, set p.grad=None, reduce_scatter async when full
         if b.grad_buffer is None:
-            b.grad_buffer = torch.zeros(b.padded, dtype=p.grad.dtype, device=p.grad.device)
+            # empty, not zeros: every slot is written (a copy here, or zeros in
+            # finish_gradient_synchronization for a parameter with no gradient); a memset of
+            # the whole bucket per step measured as a visible share of ZeRO-2's extra CPU time
+            b.grad_buffer = torch.empty(b.padded, dtype=p.grad.dtype, device=p.grad.device)
+            b.grad_buffer[b.numel :].zero_()  # the padding
         i = b.index[id(p)]
         b.grad_buffer[b.offsets[i] : b.offsets[i] + p.numel()].copy_(p.grad.view(-1))
         p.grad = None  # the full-size gradient is gone; only the bucket buffer holds it
@@ -216,15 +226,12 @@ class ZeRO2(nn.Module):
     def _launch(self, b: _FlatBucket) -> None:
         # BEGIN SOLUTION hint: divide by D, async reduce_scatter_single into a (shard_numel,) tensor; complete the previous bucket
         b.grad_buffer.div_(self.world_size)
-        first = b.shard.grad is None  # write into the persistent shard, else add later
-        b.out = b.grad_shard if first else torch.empty_like(b.grad_shard)
-        nbytes = b.padded * b.grad_buffer.element_size()
-        if list_form(nbytes, self.group, self.config.list_form_min_mb):
-            pieces = list(b.grad_buffer.chunk(self.world_size))  # (shard_numel,) views
-            b.handle = dist.reduce_scatter(
-                b.out, pieces, op=dist.ReduceOp.SUM, group=self.group, async_op=True
-            )
+        if self._gloo_form(b):  # the whole buffer summed in place; _complete reads our piece
+            b.out = None
+            b.handle = all_reduce_pieces([b.grad_buffer], self.group)
         else:
+            first = b.shard.grad is None  # write into the persistent shard, else add later
+            b.out = b.grad_shard if first else torch.empty_like(b.grad_shard)
             b.handle = dist.reduce_scatter_single(
                 b.out, b.grad_buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True
             )
@@ -241,8 +248,13 @@ class ZeRO2(nn.Module):
         """Wait for ``b``'s reduce-scatter, add its shard into ``shard.grad``, free buffers."""
         # BEGIN SOLUTION hint: wait; shard.grad = grad_shard (or += out); reset the bucket
         b.handle.wait()
+        if b.out is None:  # the gloo form: this rank's piece of the all-reduced buffer
+            lo = self.rank * b.shard_numel
+            b.out = b.grad_buffer[lo : lo + b.shard_numel]
+            if b.shard.grad is None:
+                b.grad_shard.copy_(b.out)
         if b.shard.grad is None:
-            b.shard.grad = b.grad_shard  # b.out is grad_shard
+            b.shard.grad = b.grad_shard  # b.out is grad_shard (or copied into it)
         else:
             b.shard.grad.add_(b.out)
         b.reset()
@@ -255,6 +267,9 @@ class ZeRO2(nn.Module):
         # BEGIN SOLUTION hint: launch incomplete buckets, then complete every launched one
         for b in self.buckets:
             if b.grad_buffer is not None and b.handle is None:
+                for i, p in enumerate(b.params):  # no gradient this step: send zeros
+                    if i not in b.ready:
+                        b.grad_buffer[b.offsets[i] : b.offsets[i] + p.numel()].zero_()
                 self._launch(b)
         while self._inflight:
             self._complete(self._inflight.pop(0))
@@ -267,11 +282,18 @@ class ZeRO2(nn.Module):
         # BEGIN SOLUTION hint: optimizer.step(); per bucket, last first: b.gather = async all_gather_single(b.weights, b.shard)
         self.optimizer.step()
         for b in reversed(self.buckets):  # forward order: the last bucket holds the first layers
+            if self._gloo_form(b):  # each shard broadcast in place from its owner
+                b.gather = broadcast_pieces(b.weights.chunk(self.world_size), self.group)
+                continue
             # In place: the input is this rank's slice of the output (as FSDP's flat params).
             b.gather = dist.all_gather_single(
                 b.weights, b.shard.detach(), group=self.group, async_op=True
             )
         # END SOLUTION
+
+    def _gloo_form(self, b: _FlatBucket) -> bool:
+        nbytes = b.padded * b.weights.element_size()
+        return gloo_form(nbytes, self.group, self.config.gloo_form_min_mb)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
