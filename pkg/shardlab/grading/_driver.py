@@ -8,6 +8,7 @@ imports point one way: ``_driver`` -> ``_jobs`` -> ``grade``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -43,12 +44,15 @@ def detect_cuda() -> bool:
 def load_rubrics(labs_dir: Path, labs: Iterable[str] | None = None) -> list[Rubric]:
     """Rubrics of the labs under ``labs_dir`` (those with a rubric.toml), optionally filtered."""
     wanted = set(labs) if labs else None
+    if not Path(labs_dir).is_dir():
+        raise ValueError(f"labs folder {labs_dir} does not exist (--labs).")
     all_labs = [d for d in lab_dirs(Path(labs_dir)) if (d / "rubric.toml").is_file()]
     if wanted is not None:
         unknown = wanted - {d.name for d in all_labs}
         if unknown:
             raise ValueError(
-                f"unknown lab(s) {sorted(unknown)}; labs with a rubric: {[d.name for d in all_labs]}"
+                f"unknown lab(s) {sorted(unknown)}; labs with a rubric: "
+                f"{[d.name for d in all_labs]}."
             )
         all_labs = [d for d in all_labs if d.name in wanted]
     return [load_rubric(d) for d in all_labs]
@@ -66,34 +70,51 @@ def grade(
     progress=None,
     sandbox: bool = True,
     resume: bool = False,
+    on_start=None,
 ) -> list[LabResult]:
     """Grade every submission against every lab; write reports to ``out_dir`` if given.
 
     ``sandbox=False`` runs submissions without bubblewrap (see ``_bwrap.UNSAFE_WARNING``);
     with ``sandbox=True`` a missing or broken bubblewrap raises ``SandboxUnavailable``.
-    Every option is checked first (ValueError with one sentence). Each job's result is
+    Every option, ``out_dir`` included, is checked first (ValueError with one sentence),
+    before the rubrics' tests are collected (minutes on the real labs); a submissions folder
+    without a submission returns ``[]`` at once, collecting nothing and writing no report
+    (the same ``out_dir`` then serves the corrected run). Each job's result is
     written to ``out_dir/_journal`` as it finishes (:mod:`._journal`); ``resume=True`` takes
     the finished ones of an interrupted run from there and grades only the rest.
+    ``on_start()`` is called once every check has passed, just before the collection (the
+    CLI's --unsafe-no-sandbox warning goes there: a refused run prints only its sentence).
     """
     from ._journal import Journal, fingerprint
-    from ._options import default_workers, limits_problem, out_problem
+    from ._options import default_workers, limits_problem, out_dir_problem, out_problem
 
     limits = limits or Limits()
     problem = limits_problem(limits, workers)
     if not problem and out_dir is not None:
-        problem = out_problem(Path(out_dir), Path(submissions))
+        problem = out_problem(Path(out_dir), Path(submissions)) or out_dir_problem(
+            Path(out_dir), resume=resume
+        )
     if problem:
         raise ValueError(problem)
     rubrics = load_rubrics(labs_dir, labs)
     if not rubrics:
-        raise ValueError(f"no lab with a rubric.toml under {labs_dir}.")
+        raise ValueError(
+            f"no lab with a rubric.toml under {labs_dir}; point --labs at the folder that "
+            "holds the labs."
+        )
     bwrap = require_bwrap() if sandbox else None
     students = discover_submissions(submissions)
-    # the cases of every rubric test, from the grader's own collection of the reference lab
-    rubrics = [with_cases(r, PYTEST_INI) for r in rubrics]
-    out_fd = prepare_out(Path(out_dir), resume=resume) if out_dir is not None else None
+    if not students:  # nothing to grade: no collection (minutes), no --out to clear next time
+        return []
+    # --out is opened before the collection, so no folder problem waits for its minutes
+    made = out_dir is not None and not os.path.lexists(out_dir)
+    out_fd = _open_out(Path(out_dir), resume) if out_dir is not None else None
     journal = None
     try:
+        if on_start is not None:
+            on_start()
+        # the cases of every rubric test, from the grader's own collection of the reference lab
+        rubrics = [with_cases(r, PYTEST_INI) for r in rubrics]
         if cuda is None:
             cuda = detect_cuda()
         done: dict = {}
@@ -130,9 +151,25 @@ def grade(
             results.sort(key=lambda r: (r.student, r.lab))
         if out_fd is not None:
             write_reports(results, Path(out_dir), dir_fd=out_fd)
+    except BaseException:
+        if made:  # the folder this run made, if still empty (a journal keeps it for --resume)
+            with contextlib.suppress(OSError):
+                os.rmdir(out_dir)
+        raise
     finally:
         if journal is not None:
             journal.close()
         if out_fd is not None:
             os.close(out_fd)
     return results
+
+
+def _open_out(out_dir: Path, resume: bool) -> int:
+    """:func:`.report.prepare_out` with an OS error (a read-only or pseudo file system such as
+    /proc, which root's permission checks pass) said as the --out problem it is."""
+    try:
+        return prepare_out(out_dir, resume=resume)
+    except OSError as exc:
+        why = (exc.strerror or str(exc)).lower()
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(out_dir) else ""
+        raise ValueError(f"--out {out_dir} cannot be created or opened: {why}{where}.") from None

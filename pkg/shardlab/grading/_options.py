@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from pathlib import Path
+
+from ._journal import JOURNAL
 
 # (option, attribute of Limits, smallest allowed, largest allowed, integer)
 _LIMITS = (
@@ -89,4 +92,72 @@ def out_problem(out_dir: Path, submissions: Path) -> str:
                 f"--out {out_dir} is inside the submissions folder {submissions}; the next run "
                 "would grade it as a student. Give a folder outside it."
             )
+    return ""
+
+
+def out_entries_problem(out_dir: Path, entries: set[str], resume: bool) -> str:
+    """'' if an existing --out holding ``entries`` may take the reports, else a sentence:
+    reports are never written over files, and ``--resume`` needs exactly a journal."""
+    if resume:
+        if entries - {JOURNAL}:
+            return (
+                f"--out {out_dir} holds more than the _journal of an interrupted run (its "
+                "reports are written, or it is another folder); nothing to resume there."
+            )
+        return ""
+    if "grades.csv" in entries:
+        return (
+            f"--out {out_dir} holds the reports of an earlier run; give a new or empty folder "
+            "(reports are never written over existing files)."
+        )
+    if entries:
+        return (
+            f"--out {out_dir} is not empty; give a new or empty folder (reports are never "
+            "written over existing files), or --resume to finish an interrupted run there."
+        )
+    return ""
+
+
+def out_dir_problem(out_dir: Path, *, resume: bool = False) -> str:
+    """'' if the reports can go into ``out_dir``, else a sentence; creates nothing.
+
+    Checked before the rubrics are collected (minutes on the real labs): a folder that is
+    not empty or cannot be written must not be found out only when the reports are due.
+    ``report.prepare_out`` (which creates the folder, still before the collection) is the
+    check that counts; this one says what it would refuse without touching the disk, so a
+    refused run leaves no folder behind. Root passes every permission check, so a pseudo
+    file system such as /proc is caught only by prepare_out's mkdir.
+    """
+    out_dir = Path(out_dir)
+    try:
+        st = os.lstat(out_dir)
+    except (FileNotFoundError, NotADirectoryError):  # NotADirectory: a file on the way
+        return _creatable_problem(out_dir)
+    except OSError as exc:
+        return f"--out {out_dir} cannot be used: {(exc.strerror or str(exc)).lower()}."
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return f"--out {out_dir} exists and is not a folder (or is a symbolic link)."
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        return f"--out {out_dir} is a folder you cannot write in; give another one."
+    try:
+        entries = set(os.listdir(out_dir))
+    except OSError as exc:
+        return f"--out {out_dir} cannot be read: {(exc.strerror or str(exc)).lower()}."
+    return out_entries_problem(out_dir, entries, resume)
+
+
+def _creatable_problem(out_dir: Path) -> str:
+    """A missing --out: its nearest existing ancestor must be a folder this user can write."""
+    for parent in Path(os.path.abspath(out_dir)).parents:
+        try:
+            st = os.stat(parent)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"--out {out_dir} cannot be created: {(exc.strerror or str(exc)).lower()}."
+        if not stat.S_ISDIR(st.st_mode):
+            return f"--out {out_dir} cannot be created: {parent} is not a folder."
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return f"--out {out_dir} cannot be created: you cannot write in {parent}."
+        return ""
     return ""

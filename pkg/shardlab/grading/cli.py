@@ -57,7 +57,7 @@ def _release(args: argparse.Namespace) -> int:
 def _grade_problem(args: argparse.Namespace) -> str:
     """'' if every option of ``shardlab grade`` is usable, else one sentence (checked before
     anything runs: a typo must not grade the whole class 0)."""
-    from ._options import as_gb_problem, limits_problem, out_problem
+    from ._options import as_gb_problem, limits_problem, out_dir_problem, out_problem
     from .sandbox import Limits
 
     problem = as_gb_problem(args.as_gb)
@@ -74,15 +74,18 @@ def _grade_problem(args: argparse.Namespace) -> str:
         )
     except (TypeError, ValueError) as exc:
         return f"invalid limit: {exc}."
-    return limits_problem(limits, args.workers) or out_problem(
-        Path(args.out), Path(args.submissions)
+    out, subs = Path(args.out), Path(args.submissions)
+    return (
+        limits_problem(limits, args.workers)
+        or out_problem(out, subs)
+        or out_dir_problem(out, resume=args.resume)
     )
 
 
 def _grade(args: argparse.Namespace) -> int:
     from ._bwrap import UNSAFE_WARNING, SandboxUnavailable
     from ._driver import grade
-    from ._submissions import SubmissionError, discover_submissions
+    from ._submissions import SubmissionError
     from .report import fmt, printable
     from .rubric import RubricError
     from .sandbox import Limits
@@ -99,19 +102,10 @@ def _grade(args: argparse.Namespace) -> int:
         file_size_mb=args.file_mb,
         tmp_mb=args.tmp_mb,
     )
-    try:
-        if not discover_submissions(Path(args.submissions)):
-            print(
-                f"warning: {args.submissions} holds no submission (one sub-folder or .zip per "
-                "student, names not starting with '.' or '_'); nothing will be graded.",
-                file=sys.stderr,
-                flush=True,
-            )
-    except SubmissionError as exc:
-        print(f"grade failed: {exc}", file=sys.stderr)
-        return 2
-    if args.unsafe_no_sandbox:
-        print(f"WARNING {UNSAFE_WARNING}", file=sys.stderr, flush=True)
+
+    def start() -> None:  # after every check: a refused run prints one sentence, not this
+        if args.unsafe_no_sandbox:
+            print(f"WARNING {UNSAFE_WARNING}", file=sys.stderr, flush=True)
 
     def progress(res) -> None:
         status = f"{fmt(res.points)}/{fmt(res.max_points)}"
@@ -131,10 +125,19 @@ def _grade(args: argparse.Namespace) -> int:
             progress=progress,
             sandbox=not args.unsafe_no_sandbox,
             resume=args.resume,
+            on_start=start,
         )
     except (RubricError, SubmissionError, ValueError, SandboxUnavailable) as exc:
         print(f"grade failed: {exc}", file=sys.stderr)
         return 2
+    if not results:  # no submission: grade() checked the labs and stopped (in a second)
+        print(
+            f"warning: {args.submissions} holds no submission (one sub-folder or .zip per "
+            f"student, names not starting with '.' or '_'); nothing was graded and "
+            f"{args.out} was not written.",
+            file=sys.stderr,
+        )
+        return 0
     totals: dict[str, list[float]] = {}
     for res in results:
         got = totals.setdefault(res.student, [0.0, 0.0])

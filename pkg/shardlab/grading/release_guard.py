@@ -39,7 +39,7 @@ def check_out_dir(labs_dir: Path, out_dir: Path) -> None:
     The current folder (``--out ""`` or ``--out .``, e.g. from an unset ``$OUT``) and every
     folder above it, the home folder and those above it, the labs folder, a folder holding
     it and a folder inside it are refused whatever ``force`` says; a file in place of the
-    folder as well.
+    folder or of a folder above it as well (before anything is written).
     """
     out = out_dir.resolve()
     labs = labs_dir.resolve()
@@ -57,6 +57,9 @@ def check_out_dir(labs_dir: Path, out_dir: Path) -> None:
         )
     if out_dir.exists() and not out_dir.is_dir():
         raise _refuse(out_dir, f"{out} is a file, not a folder.")
+    above = next((p for p in out.parents if p.exists()), None)  # what mkdir will create in
+    if above is not None and not above.is_dir():
+        raise _refuse(out_dir, f"{above} is a file, so no folder can be made inside it.")
 
 
 def _foreign_entries(out_dir: Path) -> list[str]:

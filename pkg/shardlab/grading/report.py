@@ -39,7 +39,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from ._fs import write_new
-from ._journal import JOURNAL
+from ._options import out_entries_problem
 from ._results import LabResult
 
 GRADES_FIELDS = ("student", "lab", "test", "points", "max_points", "status", "message")
@@ -194,19 +194,10 @@ def prepare_out(out_dir: Path, *, resume: bool = False) -> int:
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise ValueError(f"--out {out_dir} exists and is not a folder (or is a symbolic link).")
     fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    entries = set(os.listdir(fd))
-    if resume and entries - {JOURNAL}:
+    problem = out_entries_problem(out_dir, set(os.listdir(fd)), resume)
+    if problem:
         os.close(fd)
-        raise ValueError(
-            f"--out {out_dir} holds more than the _journal of an interrupted run (its reports "
-            "are written, or it is another folder); nothing to resume there."
-        )
-    if entries and not resume:
-        os.close(fd)
-        raise ValueError(
-            f"--out {out_dir} is not empty; give a new or empty folder (reports are never "
-            "written over existing files), or --resume to finish an interrupted run there."
-        )
+        raise ValueError(problem)
     return fd
 
 
