@@ -6,11 +6,19 @@ Same model (the package's GPT: ``bench`` in ``shardlab.models.SIZES``, 0.86 M pa
 or ``25m``, the same GPT at d_model 512 and 8 layers, 25.5 M parameters), same data (8
 sequences per step in all), fp32 AdamW, same bucket size on all three sides: 1 MB at
 ``bench`` (about 4 buckets; one 25 MB bucket would hold every gradient at once and undo
-ZeRO-2's saving), 25 MB at ``25m`` (four buckets or chunks for 102 MB of gradients). Step time:
-median over ``--steps`` steps after the warm-up steps, the three implementations alternating
-step by step. Ratios are from scratch / PyTorch (goal: <= 1.0); with ``--repeats`` the
-launches are repeated and the median and range of the ratios printed. ``main()`` without
-arguments is the fast run the lab notebook shows.
+ZeRO-2's saving), 25 MB at ``25m`` (four buckets or chunks for 102 MB of gradients; on gloo
+ZeRO-1 and ZeRO-2 move buckets of 16 MB and more in the gloo forms, in-place all-reduces and
+broadcasts: ``shardlab.runtime.collective_forms``). Step time: after the warm-up steps, the
+implementations take turns in blocks: one untimed lead-in step, then ``BLOCK`` timed steps back
+to back, the median over the blocks of the mean step. ZeRO's all-gathers run on after
+``step()`` until the next forward of the same model needs the weights, so a step is only
+timed fairly inside a run of that model's steps; the lead-in's gathers fall into the first
+timed step. (Until 2026-12-07 the implementations alternated step by step, each step after a
+barrier, and gloo's barrier waits for the work still in flight: the all-gathers were finished
+inside the untimed barrier. Measured then, 25m, 2 ranks: the barrier after a ZeRO-2 step took
+106 ms, after ZeRO-1 62 ms, after PyTorch's 2 ms.) Ratios are from scratch / PyTorch (goal:
+<= 1.0); with ``--repeats`` the launches are repeated and the median and range of the ratios
+printed. ``main()`` without arguments is the fast run the lab notebook shows.
 
 **Against the limit.** The same launch also times a *compute floor*: the same model, batch and
 whole AdamW step on each rank with no communication, interleaved with the three; each side's
@@ -25,91 +33,19 @@ Two peaks of one step after a warm-up step, each side built inside both meters
 * ``alloc``: the CPU allocator's own count (``torch.profiler``, ``profile_memory=True``) from
   before construction to the end of the measured step. It also sees the temporaries gloo
   allocates on its worker threads for ``reduce_scatter_tensor`` / ``all_gather_into_tensor``
-  (our side; PyTorch's side only all-reduces and broadcasts in place), which the trace
-  cannot, so it is the fair one for ZeRO-1/2.
+  (our side with the standard forms, at ``bench``; PyTorch's side only all-reduces and
+  broadcasts in place, as do the gloo forms at ``25m``), which the trace cannot, so it is
+  the fair one for ZeRO-1/2.
 
-Measured 2026-12-01 (torch 2.13, gloo, 2 CPU cores shared with other jobs, load average 3-5
-during the runs; ``--repeats 3``; ratio ours / PyTorch, median [min-max] of 3 launches; the
-trace peaks repeat to the byte)::
-
-    size   ranks  layout  step time            peak trace  peak alloc
-    bench    2    ZeRO-1  0.805 [0.717-0.807]  0.991       1.129 [1.080-1.149]
-    bench    2    ZeRO-2  0.691 [0.657-0.729]  0.939       1.057 [0.965-1.104]
-    bench    4    ZeRO-1  0.778 [0.762-0.890]  0.871       1.106 [0.978-1.163]
-    bench    4    ZeRO-2  0.750 [0.723-0.799]  0.779       0.965 [0.938-1.011]
-    25m      2    ZeRO-1  1.156 [1.147-1.236]  0.883       1.001 [0.946-1.088]
-    25m      2    ZeRO-2  1.055 [1.029-1.085]  0.839       0.991 [0.930-1.001]
-    25m      4    ZeRO-1  1.165 [1.151-1.169]  0.854       1.043 [0.994-1.064]
-    25m      4    ZeRO-2  1.062 [1.027-1.188]  0.724       0.929 [0.878-0.950]
-
-What limits the ratios above 1.0, measured:
-
-* Allocator peak. gloo's ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` allocate a
-  copy of the whole collective buffer on a worker thread (a 1 MiB reduce-scatter input: a
-  1 MiB temporary; an all-gather: one output-sized temporary, twice; all-reduce and broadcast:
-  none), freed when gloo releases the work, so one or two bucket-sized temporaries (1 MB at
-  ``bench``, 25 MB at ``25m``) sit on top of our peak, and how many overlap varies by run. Our
-  own tensors (the trace) stay below PyTorch's at every size, because PyTorch's DDP keeps its
-  buckets as a second copy of the gradients. Ours to change only by smaller buckets (more
-  collectives) or another backend (NCCL writes in place).
-* Step time at ``25m``. One step on 2 ranks, phases timed separately (medians of 5 steps, two
-  launches, same machine): PyTorch 0.50-0.56 s = forward 0.11 + backward 0.29-0.34 (its
-  all-reduces overlap backward and lengthen it by about 0.10 s over a plain backward) +
-  optimizer 0.11 (AdamW on its half, broadcasts). ZeRO-1 0.63-0.66 s = forward 0.10 +
-  backward 0.19-0.24 (no communication) + ``step()`` 0.29-0.38, of which the reduce-scatters
-  take 0.12-0.20 s and the all-gathers 0.08-0.10 s: all of ZeRO-1's communication runs after
-  backward, none of it hidden, and gloo's reduce-scatter is an all-reduce of a copy of the
-  input (``accounting.wire``: ``2 V c`` on the wire, as much as DDP's all-reduce). ZeRO-2
-  0.58-0.61 s = backward 0.36-0.38 (0.15 s over a plain backward, of which 0.03-0.08 s
-  blocked waiting for the previous bucket's reduce-scatter: at most two bucket buffers are
-  alive by design) + ``step()`` 0.12-0.14 (all-gathers 0.06-0.08). At ``bench`` the same
-  collectives are small and ours wins by 20-30 %. (Measured before the overlap below.)
-* Since issue 29 ZeRO-1's reduce-scatters start from the gradient hooks (``no_sync()`` keeps
-  accumulation at one reduction per update) and ZeRO-2's all-gathers run asynchronously until
-  each module's forward pre-hook; both allow ``max_in_flight=2`` reduce-scatters at once.
-  25m, 2 ranks, 2026-12-02, load 5-9 on 2 shared cores: ZeRO-1 step 1.253 [1.152-1.267]
-  (before: 1.244 [1.201-1.254]), ZeRO-2 1.060 [1.042-1.099] (before: 1.151 [1.098-1.287]);
-  peak trace / alloc 0.923 / 1.104 and 0.879 / 0.999. With 4 in flight: ZeRO-2 1.090,
-  alloc 1.091; ZeRO-1 alloc 1.213. On a saturated machine an overlapped collective competes
-  with backward for the same cores. gloo's all-reduce + slice measured within noise of its
-  reduce-scatter (0.078-0.080 s against 0.082-0.086 s at 25 MB), so the lab keeps the
-  reduce-scatter the book counts. Idle rerun, 2026-12-03 (1-minute load below 0.8 before each
-  launch), 25m: ZeRO-1 1.120 [1.058-1.160] on 2 ranks, 1.110 [1.105-1.124] on 4; ZeRO-2 0.984
-  [0.942-1.013] and 0.924 [0.876-0.982]. What kept ZeRO-1 above ZeRO-2 was local work, not
-  bytes (both move the same): the owner-major ``(D, S)`` layout leaves each chunk's ``D``
-  pieces apart, so every ``reduce_scatter_single`` needed a packed send copy and every
-  ``all_gather_single`` a receive buffer copied back, each a fresh bucket-sized allocation on
-  the training thread. Tried first: keeping the send buffers between steps, 1.047 but a trace
-  peak of 1.165; reusing finished ones within a backward, no gain; a quarter-size chunk 0,
-  1.200. What worked (2026-12-04): the list forms ``reduce_scatter`` / ``all_gather``, which
-  take the rows' views as they are (gloo still runs an all-reduce of a copy, made on its own
-  thread; the same wire bytes). Idle, 25m, per run of 3 launches: ZeRO-1 on 2 ranks 0.889,
-  0.966, 0.926, 0.928, 0.898 (alloc peak 0.95-0.97, before 1.10-1.19), on 4 ranks 0.941,
-  0.958 (alloc 0.92-0.94); ZeRO-2 (stored runs) 1.028 [1.008-1.221] on 2 ranks, 1.010
-  [1.008-1.128] on 4. ZeRO-2 with the list form reduce-scatter: time within noise of the
-  single-tensor form (1.064, 1.018 against 1.051, 1.137 on 2 ranks, alternated), alloc peak
-  0.909 against 0.999
-  (gloo no longer copies the whole bucket). What keeps ZeRO-2 near 1.05 on 2 ranks: the
-  reduce-scatters still queued when backward ends, 50-80 ms per step waited for in
-  ``finish_gradient_synchronization`` (phase timing, 2 ranks: forward 103, backward 300, finish
-  81, step 52 ms against PyTorch's 100 / 326 / 0 / 126); DDP starts with a 1 MB first bucket
-  and ends inside backward. Smaller last buckets (a change to exercise 4's bucketing) would
-  shorten that tail.
-* The list forms cost the small size dearly on 4 ranks: the ``bench`` runs (1 MB buckets)
-  went from 0.65-0.71 (ZeRO-1) and 0.53-0.55 (ZeRO-2) with the single forms to 1.25-1.37
-  and 1.17-1.24 with the list forms (A/B, same machine, alternated). ``torch.profiler`` shows
-  why: gloo runs a list ``reduce_scatter`` as ``D`` all-reduces, one per output piece (same
-  wire bytes, ``D`` times the latency). ``benchmark_gloo_forms.py`` times both forms of both
-  collectives by size: the list all-gather took 0.5-1.2x the single one's time (within
-  noise or faster), the list reduce-scatter 1.1-2.7x up to 8 MB on 4 ranks and 0.59-0.84x
-  from 16 MB. Since then (2026-12-04) the
-  gradient reduce-scatter takes the list form only from ``shardlab.runtime.collective_forms.LIST_FORM_MIN_MB`` (16 MB)
-  and the weights always the list all-gather. Idle, stored runs: ``bench`` ZeRO-1 0.664 /
-  0.638 (2 / 4 ranks), ZeRO-2 0.609 / 0.556; ``25m`` ZeRO-1 0.936 / 0.955, ZeRO-2 0.972
-  [0.859-1.012] on 2 ranks and 1.028 [1.025-1.160] on 4 (four ranks on two cores; the run
-  before it: 1.112 [1.064-1.206]).
-  ``--save`` writes
-  ``benchmarks/results/zero_<size>_<ranks>ranks.json``.
+Stored runs: ``benchmarks/results/zero_<size>_<ranks>ranks.json`` (``--save``), rendered with
+their load and machine in the book's appendix ("Measuring against PyTorch"). What limits the
+ratios, measured (2026-12-07, 25m, CPU time per step per rank with ``time.process_time``, gloo
+threads included): with four ranks on two cores the step is bound by the CPU time every rank
+needs, communication included, not by overlap. gloo's reduce-scatter costs more CPU than its
+all-reduce (25 MB, 4 ranks: 33-36 ms against 22-24 ms per call, the copy of its input) and
+its all-gather more than ``D`` broadcasts (19-20 against 9-10 ms); with the standard forms
+ZeRO-2 used 436-480 ms of CPU per step against PyTorch's 367-412 ms, with the gloo forms
+374 ms against 367 ms (the same launch).
 """
 
 from __future__ import annotations
