@@ -45,6 +45,19 @@ def test_kaplan_critical_batch():
         batch.critical_batch_kaplan(-1)
 
 
+@pytest.mark.parametrize("loss, alpha_b, said", [
+    (1e-300, 0.21, "of more than 1e+30 tokens: too large"),  # L^(1/0.21) underflows to 0
+    (1e-30, 0.21, "of 1.44e+151 tokens, more than 1e+30"),
+    (10, 1e-3, "of less than the smallest float: too small"),  # L^1000 overflows
+])
+def test_a_critical_batch_out_of_a_floats_range_is_refused_naming_the_loss(loss, alpha_b, said):
+    """Kaplan's fit far from a few nats leaves a float's range: a sentence naming the loss,
+    not a ZeroDivisionError or OverflowError (issue 30)."""
+    with pytest.raises(ValueError, match=f"loss={loss!r} gives a critical batch") as err:
+        batch.critical_batch_kaplan(loss, alpha_b=alpha_b)
+    assert said in str(err.value)
+
+
 def test_phase_and_validation():
     ph = batch.Phase("8M", 1e9, 1024, 8192)
     assert ph.batch_tokens == 8_388_608 and ph.steps == pytest.approx(1e9 / 8_388_608)

@@ -66,6 +66,13 @@ def test_alpha_beta():
     assert many > one
 
 
+def test_an_alpha_beta_time_beyond_a_float_is_refused():
+    """Each input bounded, their quotient is not: 1e30 bytes at 1e-291 bytes/s is refused
+    with a sentence, never answered ``inf`` (issue 30)."""
+    with pytest.raises(ValueError, match=r"nbytes=1e\+30 at beta=1e-291 bytes/s .* more time"):
+        alpha_beta_time("all_reduce", 1e30, 8, 0.0, 1e-291)
+
+
 @pytest.mark.parametrize("d", DS)
 @pytest.mark.parametrize("q", [1, 2, 4])
 def test_lecture_step_volumes(d, q):

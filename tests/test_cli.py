@@ -122,12 +122,12 @@ def test_bad_input_one_sentence_exit_2():
     proc = run("memory", "--params", "7e9", "--dp", "0")
     assert proc.returncode == 2
     assert proc.stderr.startswith("shardlab memory: ")
-    assert "dp=0" in proc.stderr
+    assert "--dp 0" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1
     proc = run("mesh", "--gpus", "16384", "--tp", "8", "--pp", "16", "--dp", "100")
     assert proc.returncode == 2
-    assert proc.stderr == "shardlab mesh: dp=100 does not divide G=16384\n"
+    assert proc.stderr == "shardlab mesh: --dp 100 does not divide --gpus 16384\n"
 
 
 # --------------------------------------------------------------------------- in-process
@@ -138,9 +138,9 @@ def test_bad_input_one_sentence_exit_2():
     [
         (["memory", "--params", "7e9", "--dp", "8", "--recipe", "nope"], "invalid choice"),
         (["memory", "--params", "x"], "is not a number"),
-        (["activations", "--a", "30", "--t", "8"], "a=30"),
-        (["comm", "--bytes", "-1"], "nbytes=-1"),
-        (["comm", "--beta-gbps", "0"], "beta"),
+        (["activations", "--a", "30", "--t", "8"], "--a 30"),
+        (["comm", "--bytes", "-1"], "--bytes -1"),
+        (["comm", "--beta-gbps", "0"], "--beta-gbps 0 must be > 0"),
         (
             [
                 "bubble",
@@ -153,18 +153,18 @@ def test_bad_input_one_sentence_exit_2():
                 "--chunks",
                 "2",
             ],
-            "m=6",
+            "--microbatches 6",
         ),
-        (["bubble", "--stages", "0", "--microbatches", "8"], "p=0"),
+        (["bubble", "--stages", "0", "--microbatches", "8"], "--stages 0"),
         # the accounting's sentence, as the lab's PipeConfig gives it: 1f1b is not interleaved
         (
             ["bubble", "--stages", "4", "--microbatches", "8", "--chunks", "2"],
-            "v=2 chunks need kind='interleaved', not kind='1f1b'",
+            "--chunks 2 chunks need --schedule interleaved, not --schedule 1f1b",
         ),
-        (["bubble", "--stages", "4", "--microbatches", "8", "--schedule", "2f2b"], "kind='2f2b'"),
-        (["mesh", "--gpus", "16", "--tp", "2", "--pp", "2", "--rank", "16"], "rank=16"),
-        (["mesh", "--gpus", "16", "--tp", "3"], "tp*cp*pp = 3*1*1"),
-        (["mesh", "--gpus", "16", "--tp", "2", "--pp", "2", "--ep", "3"], "ep*etp"),
+        (["bubble", "--stages", "4", "--microbatches", "8", "--schedule", "2f2b"], "--schedule 2f2b is not one of"),
+        (["mesh", "--gpus", "16", "--tp", "2", "--pp", "2", "--rank", "16"], "--rank 16"),
+        (["mesh", "--gpus", "16", "--tp", "3"], "--tp × --cp × --pp = 3 × 1 × 1"),
+        (["mesh", "--gpus", "16", "--tp", "2", "--pp", "2", "--ep", "3"], "--ep × --etp"),
     ],
 )
 def test_bad_inputs_in_process(capsys, argv, needle):

@@ -90,11 +90,14 @@ def test_a_bad_input_is_printed_once_under_torchrun(capsys, monkeypatch):
     assert capsys.readouterr().err == ""
     monkeypatch.setenv("RANK", "0")
     assert cli.main(argv) == 2
-    assert capsys.readouterr().err == "shardlab mesh: G=8.5 must be an integer\n"
+    assert capsys.readouterr().err == "shardlab mesh: --gpus 8.5 must be an integer\n"
 
 
 def test_negative_numbers_in_every_notation_reach_the_validation(capsys):
     for value in ("-7e9", "-7E+9", "-1_000", "-.5", "-2.5e-3"):
         assert cli.main(["memory", "--params", value]) == 2
         err = capsys.readouterr().err
-        assert "expected one argument" not in err and "n_params=" in err, (value, err)
+        assert "expected one argument" not in err and f"--params {value} must be" in err, (
+            value,
+            err,
+        )

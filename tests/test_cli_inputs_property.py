@@ -2,13 +2,16 @@
 ``shardlab memory / activations / comm / bubble / mesh / train`` answers within a time bound
 either with a result (exit 0; with ``--json``, valid JSON: no NaN or Infinity) or with one
 sentence ``shardlab <command>: ...`` on stderr (exit 2) — never a traceback, a hang, or the
-command line's overflow / out-of-memory safety net (the inputs are validated before that).
+command line's overflow / out-of-memory safety net (the inputs are validated before that);
+the sentence names a value by its flag (``--ranks 0``), never by accounting's name for it
+(``group_size=0``).
 
 The options and their choices are read from the parser itself, so a new option is covered
 without editing this file. Values mix valid numbers, every notation (``7e9``, ``7_000``),
 huge and tiny magnitudes, negatives, ``nan``/``inf`` and non-numbers. ``shardlab train`` runs
 its validation only: ``shardlab.train.main.run`` is replaced by a stub, so no rank starts.
-``plan`` (the planner's own tests), ``release`` and ``grade`` (they write files) are left out.
+``plan`` is left to the planner's own tests; ``release`` and ``grade``, which write files, are
+covered in scratch folders by test_cli_inputs_property_instructor.py.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import contextlib
 import io
 import json
+import re
 import signal
 
 import pytest
@@ -24,6 +28,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from shardlab import cli
 from shardlab._cli_commands import _number
+from shardlab._cli_names import ALIASES
 
 COMMANDS = ("memory", "activations", "comm", "bubble", "mesh", "train")
 SKIP_OPTIONS = {"--help", "--module", "--labs", "--from-cwd"}  # paths: not this test's topic
@@ -120,6 +125,20 @@ def _check(args: list[str]) -> None:
     )
     assert "Traceback" not in err
     assert "too large to compute with (" not in err and "more memory than" not in err, (args, err)
+    leaked = _internal_name.get(command) and _internal_name[command].search(err)
+    assert not leaked, (args, err)  # the flag, not accounting's name (``group_size=0``)
+
+
+def _internal_names(command: str) -> re.Pattern[str]:
+    """``name=`` of an option's destination or of a name accounting uses for it, written as
+    accounting writes it (not inside a product such as ``tp*cp*pp = 8``)."""
+    names = [a.dest for a in _sub(command)._actions if a.option_strings]
+    names += list(ALIASES.get(command, {}))
+    alternatives = "|".join(map(re.escape, sorted(names, key=len, reverse=True)))
+    return re.compile(rf"(?<![\w'\[*-])(?:{alternatives})(?![\w'\]*])\s*=(?!=)")
+
+
+_internal_name = {c: _internal_names(c) for c in COMMANDS}
 
 
 @pytest.fixture(autouse=True)
@@ -206,8 +225,8 @@ def test_train_validation(args):
 def test_the_issues_inputs_get_their_own_sentences():
     """The answers the property only bounds, pinned for the cases issue 30 names."""
     cases = {
-        ("memory", "--params", "-7e9"): "n_params=-7000000000 must be a positive integer",
-        ("mesh", "--gpus", "8.5"): "G=8.5 must be an integer",
+        ("memory", "--params", "-7e9"): "--params -7e9 must be a positive integer",
+        ("mesh", "--gpus", "8.5"): "--gpus 8.5 must be an integer",
         ("mesh", "--gpus", "8", "--etp", "2"): "--etp 2 applies to MoE folding only",
         ("comm", "--dp", "4"): "--dp applies to the per-step volume",
         ("comm", "--params", "7e9", "--bytes", "1e9"): "--bytes applies to the collective table",

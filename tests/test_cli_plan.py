@@ -82,12 +82,12 @@ def test_overrides_and_custom_model(capsys):
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["plan", "--gpus", "0"], "gpus=0"),
-        (["plan", "--efficiency", "2"], "efficiency=2"),
-        (["plan", "--heads", "100"], "hidden=16384 is not divisible by heads=100"),
+        (["plan", "--gpus", "0"], "--gpus 0"),
+        (["plan", "--efficiency", "2"], "--efficiency 2"),
+        (["plan", "--heads", "100"], "--hidden 16384 is not divisible by --heads 100"),
         (["plan", "--mark", "t=8,x=1"], "mark 'x=1'"),
         (["plan", "--global-batch", "x"], "is not a number"),
-        (["plan", "--top", "0"], "top=0"),
+        (["plan", "--top", "0"], "--top 0"),
     ],
 )
 def test_bad_input_one_sentence(capsys, argv, needle):

@@ -127,15 +127,15 @@ def main_rc(argv: list[str]) -> int:
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["--max-bubble", "2"], "max_bubble=2 must be an idle fraction in [0, 1]"),
-        (["--top", "2.5"], "top=2.5 must be a whole number"),
+        (["--max-bubble", "2"], "--max-bubble 2 must be an idle fraction in [0, 1]"),
+        (["--top", "2.5"], "--top 2.5 must be a whole number"),
         (["--layers", "100000"], "at most 1,024 layers"),
-        (["--layers", "1e9"], "layers="),
-        (["--gpus", "1e100"], "gpus="),
-        (["--hidden", "1e300"], "hidden="),
+        (["--layers", "1e9"], "--layers 1e9"),
+        (["--gpus", "1e100"], "--gpus 1e100"),
+        (["--hidden", "1e300"], "--hidden 1e300"),
         (["--recipe-bytes", "2,2,4"], "must be five numbers"),
         (["--recipe-bytes", "2,4,4,4,4", "--recipe", "fp32"], "choose one"),
-        (["--hbm-tbps", "-1"], "hbm_tbps=-1"),
+        (["--hbm-tbps", "-1"], "--hbm-tbps -1"),
         (["--mark", "t=8,sp=maybe"], "sp is on or off"),
     ],
 )

@@ -95,16 +95,16 @@ def test_json_report_parses_and_progress_is_plain_text_off_a_terminal():
 
 
 BAD = [
-    (["--layout", "ddpp"], ["layout='ddpp'", "ddp, zero1"]),
-    (["--layout", "ddp", "--ranks", "3"], ["batch=8", "3 data-parallel ranks"]),
-    (["--layout", "fsdp", "--ranks", "4", "--batch", "6"], ["batch=6", "4 data-parallel"]),
+    (["--layout", "ddpp"], ["--layout ddpp", "ddp, zero1"]),
+    (["--layout", "ddp", "--ranks", "3"], ["--batch 8", "3 data-parallel ranks", "--ranks 3"]),
+    (["--layout", "fsdp", "--ranks", "4", "--batch", "6"], ["--batch 6", "4 data-parallel"]),
     (["--layout", "tp", "--ranks", "3"], ["heads=4", "t=3"]),
     (["--layout", "fsdp+tp", "--tp", "3", "--ranks", "6"], ["heads=4", "t=3"]),
-    (["--layout", "fsdp+tp", "--tp", "4", "--ranks", "6"], ["tp=4", "ranks=6"]),
+    (["--layout", "fsdp+tp", "--tp", "4", "--ranks", "6"], ["--tp 4", "--ranks 6"]),
     (["--layout", "pp", "--ranks", "4"], ["layers=2", "p=4"]),
-    (["--layout", "pp", "--microbatches", "3"], ["batch=8", "microbatches=3"]),
-    (["--layout", "ddp", "--model", "huge"], ["model='huge'", "tiny, small"]),
-    (["--layout", "ddp", "--steps", "1"], ["steps=1"]),
+    (["--layout", "pp", "--microbatches", "3"], ["--batch 8", "--microbatches 3"]),
+    (["--layout", "ddp", "--model", "huge"], ["--model huge", "tiny, small"]),
+    (["--layout", "ddp", "--steps", "1"], ["--steps 1"]),
     (["--layout", "ddp", "--module", "/no/such/file.py"], ["/no/such/file.py"]),
 ]
 

@@ -11,7 +11,9 @@
 
 Every number comes from ``shardlab.accounting`` through the same report functions the
 widgets render (``shardlab.widgets.*_report``). Bad input prints one sentence,
-``shardlab <command>: <what is wrong>``, to stderr and exits with status 2.
+``shardlab <command>: <what is wrong>``, to stderr and exits with status 2; the sentence names
+each value by its flag and the text typed (``--ranks 1e18``), not by accounting's name for it
+(:mod:`shardlab._cli_names`). Under torchrun only rank 0 prints it, usage errors included.
 
 The subcommands' arguments are declared in :mod:`shardlab._cli_parsers`, their handlers in
 :mod:`shardlab._cli_commands`.
@@ -43,7 +45,9 @@ class _Parser(argparse.ArgumentParser):
         self._negative_number_matcher = self.NEGATIVE  # argparse's own misses -7e9
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        # under torchrun every rank parses the same command line: one rank says it
+        said = f"{self.prog}: {message} (see {self.prog} --help)\n"
+        self.exit(2, said if _first_process() else None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
@@ -94,7 +99,7 @@ def _main(argv: Sequence[str] | None) -> int:
         result: Any = args.func(args)
     except (ValueError, TypeError, OSError, OverflowError, MemoryError) as exc:
         if _first_process():
-            print(f"{prog}: {_sentence(exc)}", file=sys.stderr)
+            print(f"{prog}: {_in_flags(_sentence(exc), parser, args, argv)}", file=sys.stderr)
         return 2
     if result is None or isinstance(result, int):  # subcommands that print themselves
         return int(result or 0)
@@ -110,6 +115,17 @@ def _main(argv: Sequence[str] | None) -> int:
 def _first_process() -> bool:
     """False on every torchrun process but rank 0: a bad input is reported once, not per rank."""
     return os.environ.get("RANK", "0") == "0" or "WORLD_SIZE" not in os.environ
+
+
+def _in_flags(
+    message: str, parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]
+) -> str:
+    """``message`` with accounting's argument names (``group_size=0``) written as the flags and
+    texts the reader typed (``--ranks 0``): :mod:`shardlab._cli_names`."""
+    from shardlab._cli_names import flag_sentence
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return flag_sentence(message, sub.choices[args.command], args.command, args, argv[1:])
 
 
 def _sentence(exc: BaseException) -> str:

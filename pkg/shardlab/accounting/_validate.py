@@ -65,25 +65,35 @@ def nonneg_int(name: str, value: object) -> int:
     return integer(name, value, minimum=0)
 
 
-def number(name: str, value: object, *, positive: bool = True, allow_zero: bool = False) -> float:
+def number(
+    name: str,
+    value: object,
+    *,
+    positive: bool = True,
+    allow_zero: bool = False,
+    maximum: float = MAX_REAL,
+) -> float:
     """Return ``value`` as a finite real number (``int`` kept as ``int``).
 
     ``positive=True`` requires > 0 (or >= 0 with ``allow_zero``); ``positive=False`` accepts any
-    finite real.
+    finite real. ``maximum`` bounds the size: a caller that converts units afterwards (µs to
+    s, GB/s to bytes/s) passes ``MAX_REAL`` in its own unit, so that a value too large is
+    refused as the reader typed it, not as the converted number accounting would see.
     """
     kind = type(value)  # the common cases (a plain float or int in range), answered at once
-    if (kind is float or kind is int) and -MAX_REAL <= value <= MAX_REAL and (
+    if (kind is float or kind is int) and -maximum <= value <= maximum and (
         not positive or value > 0 or (allow_zero and value == 0)
     ):
         return float(value) if kind is float else value
     if _is_bool(value):
         raise ValueError(f"{name}={value!r} must be a number, not a bool")
-    if isinstance(value, Integral) and abs(value) > MAX_REAL:
-        raise ValueError(f"{name}={value!r} is larger than {MAX_REAL:g}, too large to compute with")
+    too_large = f"{name}={value!r} is larger than {maximum:g}, too large to compute with"
+    if isinstance(value, Integral) and abs(value) > maximum:
+        raise ValueError(too_large)
     if not isinstance(value, Real) or not math.isfinite(float(value)):
         raise ValueError(f"{name}={value!r} must be a finite number")
-    if abs(float(value)) > MAX_REAL:
-        raise ValueError(f"{name}={value!r} is larger than {MAX_REAL:g}, too large to compute with")
+    if abs(float(value)) > maximum:
+        raise ValueError(too_large)
     if positive:
         if allow_zero and value < 0:
             raise ValueError(f"{name}={value!r} must be >= 0")
@@ -92,9 +102,9 @@ def number(name: str, value: object, *, positive: bool = True, allow_zero: bool 
     return int(value) if isinstance(value, Integral) else float(value)
 
 
-def nonneg_number(name: str, value: object) -> float:
+def nonneg_number(name: str, value: object, maximum: float = MAX_REAL) -> float:
     """Return ``value`` as a finite real >= 0."""
-    return number(name, value, allow_zero=True)
+    return number(name, value, allow_zero=True, maximum=maximum)
 
 
 def flag(name: str, value: object) -> bool:

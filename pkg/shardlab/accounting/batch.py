@@ -32,6 +32,7 @@ does their arithmetic, and the planner's (:func:`.planner.plan`) for each phase 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from . import _validate as v
@@ -80,8 +81,19 @@ def critical_batch_kaplan(loss: float, b_star: float = KAPLAN_B_STAR,
                           alpha_b: float = KAPLAN_ALPHA_B) -> float:
     """Kaplan et al.'s fit ``B_crit(L) = B* / L^(1/alpha_B)`` in tokens (``loss`` in nats)."""
     L = v.number("loss", loss)
-    out = v.number("b_star", b_star) / L ** (1 / v.number("alpha_b", alpha_b))
-    return v.number("critical batch", out)
+    b, exponent = v.number("b_star", b_star), 1 / v.number("alpha_b", alpha_b)
+    try:  # L^(1/alpha_B) leaves a float's range for a loss far from a few nats
+        out = b / L**exponent
+    except (OverflowError, ZeroDivisionError):  # L^x above 1e308, or 0 below 1e-308
+        out = 0.0 if L > 1 else math.inf
+    if not 0 < out <= v.MAX_REAL:
+        size = ("less than the smallest float: too small" if out == 0 else
+                f"{out:.3g} tokens, more than {v.MAX_REAL:g}: too large" if math.isfinite(out)
+                else f"more than {v.MAX_REAL:g} tokens: too large")
+        raise ValueError(f"loss={loss!r} gives a critical batch {b:g} / L^(1/{1 / exponent:g}) "
+                         f"of {size} to compute with; Kaplan et al.'s fit is for losses of a "
+                         "few nats")
+    return out
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ all-reduce becomes an all-gather + reduce-scatter pair, so the volume is the sam
 
 from __future__ import annotations
 
+import math
+
 from . import _validate as v
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
@@ -124,7 +126,11 @@ def alpha_beta_time(
     """``rounds * alpha + sent_bytes / beta`` in seconds (alpha s/round, beta bytes/s)."""
     a = v.nonneg_number("alpha", alpha)
     b = v.number("beta", beta)
-    return _alpha_beta(rounds(op, group_size, algo), sent_bytes(op, nbytes, group_size, algo), a, b)
+    t = _alpha_beta(rounds(op, group_size, algo), sent_bytes(op, nbytes, group_size, algo), a, b)
+    if t == math.inf:  # each input is bounded, not their quotient: 1e30 bytes at 1e-291 B/s
+        raise ValueError(f"nbytes={nbytes!r} at beta={beta!r} bytes/s (alpha={alpha!r} s, "
+                         f"group_size={group_size!r}) takes more time than a float holds")
+    return t
 
 
 def _alpha_beta(rounds_: int, sent: float, alpha: float, beta: float) -> float:

@@ -24,13 +24,18 @@ from shardlab.accounting.activations import MiB
 from shardlab.accounting.memory import GB, GiB
 
 from ._format import (
+    computable,
+    fmt_fixed,
     fmt_int,
     fmt_num,
     fmt_pct,
+    fmt_round,
     fmt_size,
     fmt_tick_time,
     fmt_time,
     parse_number,
+    unit_number,
+    value_text,
 )
 from ._svg import PALETTE, nice_ticks, svg_gantt, svg_hbars, svg_loglog, svg_stacked_bars
 
@@ -42,11 +47,14 @@ __all__ = [
     "Report",
     "Table",
     "build_calculator",
+    "computable",
     "error_html",
     "error_message",
+    "fmt_fixed",
     "fmt_int",
     "fmt_num",
     "fmt_pct",
+    "fmt_round",
     "fmt_size",
     "fmt_tick_time",
     "fmt_time",
@@ -61,6 +69,8 @@ __all__ = [
     "svg_stacked_bars",
     "text_report",
     "text_table",
+    "unit_number",
+    "value_text",
 ]
 
 # --------------------------------------------------------------------------- reports

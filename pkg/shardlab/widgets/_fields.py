@@ -21,7 +21,7 @@ from typing import Any
 import ipywidgets as w
 import traitlets
 
-from ._format import parse_number
+from ._format import parse_number, rename_products, rename_values
 
 # pixels per character of a description (13 px sans-serif) and the room the value needs
 _CHAR_PX = 7.2
@@ -94,8 +94,10 @@ def read_number(label: str, field: NumberField) -> int | float:
 
 def name_fields(message: str, labels: dict[str, str]) -> str:
     """``message`` with each ``name=value`` of an internal name in ``labels`` written as
-    ``label = value``; names are matched whole (``dp`` does not match ``dpx``)."""
-    for name in sorted(labels, key=len, reverse=True):
-        pattern = r"(?<![\w'\[*])" + re.escape(name) + r"(?![\w'\]*])\s*=(?!=)\s*"
-        message = re.sub(pattern, lambda _m, lab=labels[name]: f"{lab} = ", message)
-    return message
+    ``label = value``; names are matched whole (``dp`` does not match ``dpx``). The value is
+    the field's own: a calculator that converts units checks a field before converting it
+    (:func:`~._format.unit_number`), so the number shown is the one typed. A product of
+    names (``ep*etp = 3*1``) is written with the labels too (``ep (expert) × etp (expert
+    tensor) = 3 × 1``)."""
+    message = rename_products(message, labels, labels.__getitem__)
+    return rename_values(message, labels, lambda name, value: f"{labels[name]} = {value}")

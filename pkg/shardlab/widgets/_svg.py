@@ -157,6 +157,17 @@ def svg_hbars(
     return "".join(out)
 
 
+def log_grid(lo: float, hi: float, n: int) -> list[float]:
+    """``n`` points from ``lo`` to ``hi`` (both > 0) evenly spaced on a log axis. A range so
+    wide that ``hi / lo`` overflows (1e-300 to 1e16) is spaced in logarithms; any other keeps
+    ``lo * (hi / lo) ** t``, the points the book's stored charts were drawn with."""
+    ratio = hi / lo
+    if math.isfinite(ratio):
+        return [lo * ratio ** (i / (n - 1)) for i in range(n)]
+    a, b = math.log10(lo), math.log10(hi)
+    return [10.0 ** (a + (b - a) * i / (n - 1)) for i in range(n)]
+
+
 def svg_loglog(
     curves: Sequence[tuple[str, Sequence[tuple[float, float]]]],
     marker: tuple[float, float] | None,

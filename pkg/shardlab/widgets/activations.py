@@ -16,6 +16,7 @@ from ._common import (
     Report,
     Table,
     build_calculator,
+    fmt_fixed,
     fmt_int,
     fmt_num,
     html_report,
@@ -46,7 +47,7 @@ def activations_report(
                 r.mode,
                 fmt_int(r.bytes_per_layer),
                 fmt_num(r.mib_per_layer),
-                f"{r.total / GiB:,.3f}",
+                fmt_fixed(r.total / GiB, 3),
                 f"{r.bytes_per_layer / base:.3f}",
             ]
             for r in rows

@@ -20,8 +20,10 @@ from ._common import (
     Report,
     Table,
     build_calculator,
+    computable,
     fmt_int,
     fmt_num,
+    fmt_round,
     html_report,
     parse_number,
     start_values,
@@ -71,6 +73,10 @@ def batch_report(
         raise ValueError(f"global_batch={B:,} is not a multiple of D = {D:,} times the "
                          f"microbatch of {b:,}: the replicas would get unequal microbatch counts")
     m = B // (D * b)
+    # b m D s is B s (B = m D b): refused under the two fields typed, not as accounting's
+    # product of four (two of them derived) past 2^53
+    computable("The tokens per step B × s", B * s, {"global_batch": B, "seq_len": s},
+               maximum=chk.MAX_COUNT, unit=" tokens")
     tokens = batch.tokens_per_step(b, m, D, s)
     crit = batch.critical_batch_kaplan(nats)
     s_rel = batch.steps_to_target(tokens, 1, crit)  # S / S_min
@@ -82,7 +88,7 @@ def batch_report(
             ["D = G / (t·c·p) data-parallel replicas", fmt_int(D)],
             ["largest D this batch allows, B / b", fmt_int(d_max)],
             ["m = B / (D·b) microbatches per replica", fmt_int(m)],
-            ["critical batch B_crit at this loss (tokens)", fmt_int(round(crit))],
+            ["critical batch B_crit at this loss (tokens)", fmt_round(crit)],
             ["B / B_crit", fmt_num(tokens / crit, 3)],
             ["steps to the target, S / S_min", fmt_num(s_rel, 3)],
             ["tokens to the target, E / E_min", fmt_num(e_rel, 3)],
@@ -93,8 +99,8 @@ def batch_report(
     rows = []
     for k in SCALES:
         tk = tokens * k
-        rows.append([fmt_num(k), fmt_int(round(B * k)) if B * k >= 1 else fmt_num(B * k),
-                     fmt_int(round(tk)), fmt_int(min(G // mp, int(B * k // b))),
+        rows.append([fmt_num(k), fmt_round(B * k) if B * k >= 1 else fmt_num(B * k),
+                     fmt_round(tk), fmt_int(min(G // mp, int(B * k // b))),
                      fmt_num(batch.steps_to_target(tk, 1, crit), 3),
                      fmt_num(batch.tokens_to_target(tk, 1, crit) / crit, 3)])
     many = Table(["× batch", "sequences", "tokens per step", "D possible", "S / S_min",

@@ -18,18 +18,23 @@ import os
 from typing import Any
 
 from shardlab.accounting import comm as acc
+from shardlab.accounting._validate import MAX_REAL
 
 from ._common import (
     Report,
     Table,
     build_calculator,
+    computable,
+    fmt_fixed,
     fmt_int,
     fmt_num,
     fmt_time,
     html_report,
     parse_number,
     svg_loglog,
+    unit_number,
 )
+from ._svg import log_grid
 
 THIS_MACHINE = "this machine"
 CUSTOM = "custom"
@@ -71,10 +76,6 @@ def presets() -> dict[str, tuple[float, float]]:
     return {**_machine, **PRESETS}
 
 
-def _sizes(lo: float, hi: float, n: int = 25) -> list[float]:
-    return [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
-
-
 def comm_report(
     op: str = "all_reduce",
     nbytes: Any = 1e9,
@@ -84,12 +85,12 @@ def comm_report(
     algo: str = "ring",
 ) -> Report:
     """Per-rank sent bytes, rounds and α–β time of every collective (``op`` highlighted)."""
-    nb = parse_number("size (bytes)", nbytes)
-    d = parse_number("D (ranks)", ranks)
-    a_us = parse_number("alpha (µs)", alpha_us)
-    b_gbps = parse_number("beta (GB/s)", beta_gbps)
-    if b_gbps <= 0:
-        raise ValueError(f"beta={b_gbps!r} GB/s must be > 0")
+    # every input is read under its own argument name (the widget's control, the CLI's
+    # option); α and β are checked in their units before the conversion to s and bytes/s
+    nb = parse_number("nbytes", nbytes)
+    d = parse_number("ranks", ranks)
+    a_us = unit_number("alpha_us", alpha_us, 1e-6, allow_zero=True)
+    b_gbps = unit_number("beta_gbps", beta_gbps, 1e9)
     alpha, beta = a_us * 1e-6, b_gbps * 1e9
     if op not in acc.COLLECTIVES:
         raise ValueError(f"op={op!r} is not one of {', '.join(acc.COLLECTIVES)}")
@@ -103,6 +104,12 @@ def comm_report(
         for al in acc.ALGOS:
             sent = acc.sent_bytes(c, nb, d, al)
             r = acc.rounds(c, d, al)
+            # each term bounded under the fields that make it (1e30 bytes over 1e-300 GB/s
+            # is no time to show as "inf s")
+            computable("The latency, rounds × α,", r * alpha, {"ranks": d, "alpha_us": a_us},
+                       unit=" s")
+            computable("The transfer time, bytes sent / β,", sent / beta,
+                       {"nbytes": nb, "beta_gbps": b_gbps}, unit=" s")
             t = acc.alpha_beta_time(c, nb, d, alpha, beta, al)
             entry[al] = {"sent_bytes": sent, "rounds": r, "seconds": t}
             cells += [fmt_int(sent), r, fmt_time(t)]
@@ -124,9 +131,10 @@ def comm_report(
         highlight=frozenset({acc.COLLECTIVES.index(op)}),
     )
     sel = data[op][algo]
-    lo, hi = max(min(nb, 1e3), 1.0), max(nb * 10, 1e4)
+    # the chart spans the size typed; its end stays within accounting's bound on a size
+    lo, hi = max(min(nb, 1e3), 1.0), min(max(nb * 10, 1e4), MAX_REAL)
     curves = [
-        (al, [(x, acc.alpha_beta_time(op, x, d, alpha, beta, al)) for x in _sizes(lo, hi)])
+        (al, [(x, acc.alpha_beta_time(op, x, d, alpha, beta, al)) for x in log_grid(lo, hi, 25)])
         for al in acc.ALGOS
     ]
     chart = svg_loglog(
@@ -168,9 +176,9 @@ def step_report(
     sync_every_microbatch: bool = True,
 ) -> Report:
     """Per-rank sent bytes per optimizer step for DDP, ZeRO-1/2/3 (``layout`` highlighted)."""
-    n = parse_number("N", n_params)
-    d = parse_number("D", dp)
-    qq = parse_number("q (bytes/element)", q)
+    n = parse_number("n_params", n_params)
+    d = parse_number("dp", dp)
+    qq = parse_number("q", q)
     m = parse_number("microbatches", microbatches)
     if layout is not None and layout not in acc.STEP_LAYOUTS:
         raise ValueError(f"layout={layout!r} is not one of {', '.join(acc.STEP_LAYOUTS)}")
@@ -182,7 +190,7 @@ def step_report(
     ddp = vols[("ddp", True)]
     names = {(lay, rs): lay if rs else "zero3 (no reshard)" for lay, rs in cases}
     rows = [
-        [names[k], fmt_int(vol), f"{vol / 1e9:,.3f}", fmt_num(vol / ddp) if ddp else "-"]
+        [names[k], fmt_int(vol), fmt_fixed(vol / 1e9, 3), fmt_num(vol / ddp) if ddp else "-"]
         for k, vol in vols.items()
     ]
     hl = frozenset({i for i, (lay, rs) in enumerate(cases) if lay == layout and rs})
@@ -251,10 +259,6 @@ def comm_calculator(
     def convert(vals: dict[str, Any]) -> dict[str, Any]:
         vals = dict(vals)
         vals.pop("preset")
-        for key in ("alpha_us", "beta_gbps"):  # checked here so the sentence has the field's unit
-            if vals[key] < 0 or (key == "beta_gbps" and vals[key] == 0):
-                limit = "> 0" if key == "beta_gbps" else ">= 0"
-                raise ValueError(f"{key}={vals[key]:g} must be {limit}")
         return vals
 
     box = build_calculator(
@@ -263,7 +267,7 @@ def comm_calculator(
         render_comm,
         convert,
         rows=[["op", "nbytes", "ranks", "algo"], ["preset", "alpha_us", "beta_gbps"]],
-        aliases={"group_size": "ranks", "size (bytes)": "nbytes"},
+        aliases={"group_size": "ranks"},
     )
 
     def apply_preset(change: Any) -> None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from shardlab.accounting import _validate as chk
 from shardlab.accounting import memory as acc
 
 from ._common import (
     Report,
     Table,
     build_calculator,
+    fmt_fixed,
     fmt_int,
     fmt_num,
     html_report,
@@ -28,7 +30,9 @@ LAYOUT_CHOICES = ("all", *acc.LAYOUTS)
 
 
 def fmt_gb(x: float) -> str:
-    return f"{x:,.2f}" if x >= 0.01 or x == 0 else f"{x:.3g}"
+    """GB or GiB with two decimals; below 0.01 three significant digits, and past the digits a
+    float holds seven (:func:`fmt_fixed`)."""
+    return fmt_fixed(x, 2) if x >= 0.01 or x == 0 else f"{x:.3g}"
 
 
 def make_recipe(
@@ -52,7 +56,9 @@ def make_recipe(
     for key, val in (custom or {}).items():
         if key not in acc.OBJECTS:
             raise ValueError(f"custom object {key!r} is not one of {', '.join(acc.OBJECTS)}")
-        values[key] = parse_number(f"{key} bytes/param", val)
+        # checked under the object's own name (the widget's field, the CLI's option) before
+        # Recipe would name it "weights (recipe 'custom')"
+        values[key] = chk.nonneg_number(key, parse_number(key, val))
     return acc.Recipe(CUSTOM, **values)
 
 
@@ -64,8 +70,8 @@ def memory_report(
     custom: Mapping[str, float] | None = None,
 ) -> Report:
     """Per-rank persistent model state for each layout (or one), per object and in total."""
-    n = parse_number("N", n_params)
-    d = parse_number("D", dp)
+    n = parse_number("n_params", n_params)
+    d = parse_number("dp", dp)
     rec = make_recipe(recipe, custom)
     if layout not in LAYOUT_CHOICES:
         raise ValueError(f"layout={layout!r} is not one of {', '.join(LAYOUT_CHOICES)}")
@@ -178,7 +184,6 @@ def memory_calculator(
         render_memory,
         convert,
         rows=[["n_params", "dp", "recipe", "layout"], list(acc.OBJECTS)],
-        aliases={"N": "n_params", "D": "dp", **{f"{o} bytes/param": o for o in acc.OBJECTS}},
     )
     custom_row = box.children[2]
 

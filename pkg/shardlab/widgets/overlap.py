@@ -19,18 +19,21 @@ from typing import Any
 
 from shardlab.accounting import _validate as chk
 from shardlab.accounting import overlap
+from shardlab.accounting._validate import MAX_REAL
 
 from ._common import (
     Report,
     Table,
     build_calculator,
-    fmt_int,
+    computable,
     fmt_num,
+    fmt_round,
     fmt_time,
     html_report,
     parse_number,
     start_values,
     svg_loglog,
+    unit_number,
 )
 
 TITLE = "Compute versus communication"
@@ -82,26 +85,66 @@ def overlap_report(
         return chk.positive_int(name, parse_number(name, x))
 
     n, tok, qq = real("n_params", n_params), real("tokens", tokens), real("q", q)
+    if n < 1:  # a fraction of a parameter: its FLOPs would underflow to a zero compute time
+        raise ValueError(f"n_params={n!r} must be at least 1 parameter")
     hh, ll, dd, tt, pp = (
         whole(k, x) for k, x in (("h", h), ("layers", layers), ("dp", dp), ("t", t), ("p", p))
     )
     if pp > ll:
         raise ValueError(f"p={pp} exceeds layers={ll}: a stage needs at least one layer")
-    rate = real("rate_tflops", rate_tflops) * 1e12
-    b_dp = real("beta_dp_gbps", beta_dp_gbps) * 1e9
-    b_tp = real("beta_tp_gbps", beta_tp_gbps) * 1e9
+    # rates checked in the units typed, so a value too large is refused as typed
+    r_tf = unit_number("rate_tflops", rate_tflops, 1e12)
+    bdp_gb = unit_number("beta_dp_gbps", beta_dp_gbps, 1e9)
+    btp_gb = unit_number("beta_tp_gbps", beta_tp_gbps, 1e9)
+    rate, b_dp, b_tp = r_tf * 1e12, bdp_gb * 1e9, btp_gb * 1e9
     n_rank = n / (tt * pp)  # each rank's share of the weights under t-way TP and p stages
     per_stage = math.ceil(ll / pp)
+    # Every input is bounded, not the products the formulas form of them: each product is
+    # refused under the fields that make it (T x N), not under accounting's name for it
+    # (flops=1.18e+30); the sizes are the largest each formula forms (6 N T for ZeRO, 72 h^2
+    # FLOPs per layer and token, 3 q N bytes for ZeRO-3, 8 q h T for TP's four all-reduces)
+    typed = {"n_params": n, "h": hh, "layers": ll, "tokens": tok, "q": qq, "t": tt, "p": pp,
+             "rate_tflops": r_tf, "beta_dp_gbps": bdp_gb, "beta_tp_gbps": btp_gb}
+
+    def bounded(what: str, value: float, *names: str, unit: str = "",
+                maximum: float = MAX_REAL) -> float:
+        return computable(what, value, {k: typed[k] for k in names}, maximum, unit)
+
+    # accounting counts a rank's parameters exactly, up to 2^53
+    bounded("The parameters per rank N / (t p)", n_rank, "n_params", "t", "p",
+            maximum=chk.MAX_COUNT)
+    bounded("The FLOPs per rank and step, 6 N T / (t p),", 6 * n_rank * tok, "n_params", "tokens")
+    bounded("The FLOPs per stage and step, 72 h² T L / p,", 72.0 * hh * hh * per_stage * tok,
+            "h", "tokens", "layers")
+    bounded("The data-parallel bytes per rank, 3 q N / (t p),", 3 * qq * n_rank, "q", "n_params")
+    bounded("The tensor-parallel bytes per layer, 8 q h T,", 8 * qq * hh * tok, "q", "h", "tokens")
+
+    def timed(o: overlap.Overlap, sent: tuple[str, ...], work: tuple[str, ...],
+              beta: str) -> overlap.Overlap:
+        """``o`` when its times and ratio are numbers to show (a β of 1e-300 GB/s makes the
+        traffic's time overflow, a rate of 1e-300 TFLOP/s the compute's): ``sent`` and
+        ``work`` name the fields of the bytes and of the FLOPs."""
+        bounded("The traffic time", o.comm_s, *sent, beta, unit=" s")
+        bounded("The compute time", o.compute_s, *work, "rate_tflops", unit=" s")
+        ratio_of = dict.fromkeys((*sent, *work, "rate_tflops", beta))  # each field once
+        bounded("The ratio T_comm / T_compute", o.ratio, *ratio_of)
+        return o
+
+    def even(value: float, *names: str) -> float:
+        return bounded("The break-even size", value, *names, "rate_tflops")
+
     rows, data = [], {"rows": {}}
     for lay, name in DP_LAYOUTS.items():
-        o = overlap.dp(lay, n_rank, dd, tok, rate, b_dp, qq)
-        even = overlap.dp_break_even_tokens(lay, dd, rate, b_dp, qq) if dd > 1 else 0.0
+        o = timed(overlap.dp(lay, n_rank, dd, tok, rate, b_dp, qq), ("q", "n_params"),
+                  ("n_params", "tokens"), "beta_dp_gbps")
+        t_even = (even(overlap.dp_break_even_tokens(lay, dd, rate, b_dp, qq), "q",
+                       "beta_dp_gbps") if dd > 1 else 0.0)
         rows.append(
             _row(
                 name,
                 o,
-                f"{fmt_int(round(n_rank))} parameters over D = {dd}",
-                f"T* = {fmt_int(round(even))} tokens" if dd > 1 else "no traffic",
+                f"{fmt_round(n_rank)} parameters over D = {dd}",
+                f"T* = {fmt_round(t_even)} tokens" if dd > 1 else "no traffic",
             )
         )
         data["rows"][lay] = {
@@ -110,26 +153,29 @@ def overlap_report(
             "ratio": o.ratio,
             "bound": o.bound,
             "exposed_s": o.exposed_s,
-            "break_even": even,
+            "break_even": t_even,
         }
     # TP and PP: per layer (per stage) and microbatch; the ratio does not depend on T
-    o_tp = overlap.tp(hh, tt, tok, rate, b_tp, qq)  # t = 1: no bytes, ratio 0
-    tp_even = overlap.tp_break_even_hidden(tt, rate, b_tp, qq) if tt > 1 else 0.0
-    tp_say = f"h* = {fmt_int(round(tp_even))}" if tt > 1 else "no traffic"
+    sent = ("q", "h", "tokens")  # T x h activations each way, both axes
+    o_tp = timed(overlap.tp(hh, tt, tok, rate, b_tp, qq), sent, ("h", "tokens"), "beta_tp_gbps")
+    tp_even = (even(overlap.tp_break_even_hidden(tt, rate, b_tp, qq), "q", "t", "beta_tp_gbps")
+               if tt > 1 else 0.0)
+    tp_say = f"h* = {fmt_round(tp_even)}" if tt > 1 else "no traffic"
     rows.append(_row("TP (one layer)", o_tp, f"4 all-reduces of T × h over t = {tt}", tp_say))
-    o_pp = overlap.pp(hh, per_stage, tok, rate, b_dp, qq)
+    o_pp = timed(overlap.pp(hh, per_stage, tok, rate, b_dp, qq), sent, ("h", "tokens", "layers"),
+                 "beta_dp_gbps")
     if pp == 1:  # one stage: no boundary to cross
         o_pp = overlap.Overlap("pp", 0.0, o_pp.compute_s)
     pp_say = "—" if pp > 1 else "no traffic"
     rows.append(_row("PP (one boundary)", o_pp, f"T × h each way, {per_stage} layers", pp_say))
-    for key, o, even in (("tp", o_tp, tp_even), ("pp", o_pp, None)):
+    for key, o, at in (("tp", o_tp, tp_even), ("pp", o_pp, None)):
         data["rows"][key] = {
             "comm_s": o.comm_s,
             "compute_s": o.compute_s,
             "ratio": o.ratio,
             "bound": o.bound,
             "exposed_s": o.exposed_s,
-            "break_even": even,
+            "break_even": at,
         }
     one = Table(
         [
@@ -143,21 +189,24 @@ def overlap_report(
             "break-even",
         ],
         rows,
-        title=f"T = {fmt_int(round(tok))} tokens per rank per step; {fmt_num(rate / 1e12)} "
+        title=f"T = {fmt_round(tok)} tokens per rank per step; {fmt_num(rate / 1e12)} "
         f"TFLOP/s achieved; β {fmt_num(b_dp / 1e9)} GB/s (D, p), "
         f"{fmt_num(b_tp / 1e9)} GB/s (t)",
     )
+
+    def dp_ratio(lay: str, x: float) -> float | None:
+        """The ratio at ``x`` tokens for the second table and the chart, or None where ``x``
+        (not typed: 1,024 tokens, 64 T) takes it out of the numbers the typed T allows."""
+        if 6 * n_rank * x > MAX_REAL:
+            return None
+        r = overlap.dp(lay, n_rank, dd, x, rate, b_dp, qq).ratio
+        return r if r <= MAX_REAL else None
+
+    def cell(r: float | None) -> str:  # "-" keeps the column a numeric (right-aligned) one
+        return "-" if r is None else fmt_num(r, 3)
+
     ts = sorted({*TOKEN_ROWS, round(tok)})
-    per_t = [
-        [
-            fmt_int(x),
-            *(
-                fmt_num(overlap.dp(lay, n_rank, dd, x, rate, b_dp, qq).ratio, 3)
-                for lay in DP_LAYOUTS
-            ),
-        ]
-        for x in ts
-    ]
+    per_t = [[fmt_round(x), *(cell(dp_ratio(lay, x)) for lay in DP_LAYOUTS)] for x in ts]
     many = Table(
         ["T (tokens)", *(f"ratio {name}" for name in DP_LAYOUTS.values())],
         per_t,
@@ -168,7 +217,7 @@ def overlap_report(
     if dd > 1:
         xs = [tok / 64 * 4096 ** (i / 39) for i in range(40)]  # T / 64 ... 64 T
         curves = [
-            (name, [(x, overlap.dp(lay, n_rank, dd, x, rate, b_dp, qq).ratio) for x in xs])
+            (name, [(x, r) for x in xs if (r := dp_ratio(lay, x)) is not None])
             for lay, name in DP_LAYOUTS.items()
             if lay != "zero2"
         ]  # zero2 = zero1
@@ -179,7 +228,7 @@ def overlap_report(
             title="data-parallel T_comm / T_compute against tokens per rank",
             xlabel="tokens per rank per step",
             ylabel="ratio",
-            fmt_x=lambda x: f"{x:,.0f}",
+            fmt_x=lambda x: fmt_round(x) if x >= 1 else f"{x:g}",  # 1e30: no invented digits
             fmt_y=lambda y: f"{y:g}",
         )
     bound = [

@@ -18,11 +18,14 @@ from ._common import (
     Report,
     Table,
     build_calculator,
+    computable,
     fmt_num,
     fmt_pct,
+    fmt_round,
     html_report,
     parse_number,
     svg_gantt,
+    value_text,
 )
 
 SCHEDULE_CHOICES = acc.KINDS
@@ -83,10 +86,20 @@ def pipeline_report(
 
     sim_useful = sum(sim.busy_per_stage) / pp
     sim_idle = sum(sim.idle_per_stage) / pp
+    # the costs this schedule's actions take (zero bubble splits B into BI and BW), named as
+    # the fields that give them, and the p2p delay where there is one
+    used_costs = {**acc.DEFAULT_COSTS, **cc}
+    typed = {f"costs[{k!r}]": used_costs[k] for k in acc.ACTION_KINDS
+             if any(a.kind == k for acts in sched for a in acts)} | ({"comm": delay} if delay else {})
+    if not sim_useful:  # every cost 0 (or lost beside a delay 10^300 times larger)
+        said = ", ".join(f"{name}={value_text(x)}" for name, x in typed.items())
+        raise ValueError(f"{said}: the {kind} schedule's actions take no time, so it has no "
+                         "bubble to measure: give an action a time > 0")
+    bubble = computable("The simulated bubble / useful", sim_idle / sim_useful, typed)
     summary = Table(
         ["quantity", "closed form", "simulated"],
         [
-            ["bubble / useful", closed(ratio), fmt_pct(sim_idle / sim_useful)],
+            ["bubble / useful", closed(ratio), fmt_pct(bubble)],
             ["idle fraction", closed(idle), fmt_pct(sim.bubble_fraction)],
             ["utilization", closed(util), fmt_pct(1 - sim.bubble_fraction)],
             ["idle time per stage", "n/a" if btime is None else fmt_num(btime), fmt_num(sim_idle)],
@@ -118,7 +131,6 @@ def pipeline_report(
         sim.makespan,
         title=f"{kind} schedule, p={pp}, m={mm}" + (f", v={vv}" if vv > 1 else ""),
     )
-    used_costs = {**acc.DEFAULT_COSTS, **cc}
     return Report(
         title=f"Pipeline bubble: {kind}, p={pp}, m={mm}, v={vv}",
         tables=[summary, stages],
@@ -163,7 +175,7 @@ def _closed_form_report(
     ratio, idle, util, btime = _closed_forms(kind, pp, mm, v_closed, cc)
     na = "n/a" if kind in NOT_CLOSED_FORM else None
     why = (
-        f"Not simulated: this schedule has {n_actions:,} actions, more than the "
+        f"Not simulated: this schedule has {fmt_round(n_actions)} actions, more than the "
         f"{MAX_SIMULATED_ACTIONS:,} the calculator simulates (the simulator walks every action); "
         "the closed forms need none."
     )

@@ -11,14 +11,17 @@ for instance).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from shardlab.accounting import gemm
+from shardlab.accounting._validate import MAX_REAL
 
 from ._common import (
     Report,
     Table,
     build_calculator,
+    computable,
     fmt_int,
     fmt_num,
     fmt_pct,
@@ -26,7 +29,9 @@ from ._common import (
     html_report,
     parse_number,
     svg_loglog,
+    unit_number,
 )
+from ._svg import log_grid
 
 TITLE = "Roofline of one matrix product"
 CUSTOM = "custom"
@@ -47,10 +52,6 @@ def fmt_rate(flops_per_s: float) -> str:
     return f"{flops_per_s / 1e9:.3g} GFLOP/s"
 
 
-def _grid(lo: float, hi: float, n: int = 40) -> list[float]:
-    return [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
-
-
 def roofline_report(
     m: Any = 1024,
     k: Any = 4096,
@@ -63,15 +64,23 @@ def roofline_report(
     """FLOPs, bytes, intensity, bound, efficiency and time of one ``m x k`` by ``k x n``
     product in ``q``-byte elements, and the same weight against other token counts ``m``."""
     m, k, n, q = (parse_number(name, x) for name, x in (("m", m), ("k", k), ("n", n), ("q", q)))
-    pt, bg = parse_number("peak", peak_tflops), parse_number("bandwidth", bandwidth_gbps)
-    if pt <= 0 or bg <= 0:
-        raise ValueError(f"peak={pt!r} TFLOP/s and bandwidth={bg!r} GB/s must both be > 0")
+    # checked in the units typed (TFLOP/s, GB/s), under the argument names the widget labels
+    pt = unit_number("peak_tflops", peak_tflops, 1e12)
+    bg = unit_number("bandwidth_gbps", bandwidth_gbps, 1e9)
     peak, bw = pt * 1e12, bg * 1e9
+    if peak / bw > MAX_REAL:  # the ridge, which accounting bounds, of a vanishing bandwidth
+        raise ValueError(f"peak_tflops={pt!r} over bandwidth_gbps={bg!r} puts the ridge at "
+                         f"{peak / bw:.3g} FLOP/byte, beyond {MAX_REAL:g}: raise the bandwidth")
     c = parse_number("cap", cap)
     flops, nbytes = gemm.matmul_flops(m, k, n), gemm.matmul_bytes(m, k, n, q)
     intensity = gemm.gemm_intensity(m, k, n, q)
     ridge = gemm.ridge(peak, bw)
     eff = gemm.gemm_efficiency(intensity, ridge, c)
+    # the time F / (efficiency x peak): a product of 1e30 rows at 1e-300 TFLOP/s (or a cap
+    # of 1e-300) takes no time a float holds; refused under the fields that make it
+    attained = eff * peak
+    computable("The time F / (efficiency × peak)", flops / attained if attained else math.inf,
+               {"m": m, "k": k, "n": n, "peak_tflops": pt, "cap": c}, unit=" s")
     seconds = gemm.gemm_time(m, k, n, peak, bw, c, q)
     bound = gemm.gemm_bound(intensity, ridge)
     one = Table(
@@ -102,7 +111,9 @@ def roofline_report(
     many = Table(["m (tokens)", "intensity", "bound", "efficiency", "time"], per_m,
                  title=f"The same {k:,} × {n:,} weight against other token counts m",
                  highlight=frozenset({ms.index(m)}))
-    xs = _grid(min(intensity, ridge) / 30, max(intensity, ridge) * 30)
+    # the chart's span, within accounting's bound on an intensity (a ridge of 1e30 FLOP/byte
+    # is a value to show, not a chart end to refuse: intensity=3e+31)
+    xs = log_grid(min(intensity, ridge) / 30, min(max(intensity, ridge) * 30, MAX_REAL), 40)
     chart = svg_loglog(
         [
             ("roofline", [(x, gemm.roofline_flops(x, peak, bw)) for x in xs]),
