@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 
-from shardlab.accounting import comm, compute, layout_cost, pipeline
+from shardlab.accounting import comm, compute, hierarchical, layout_cost, pipeline
 
 
 def test_ring_collectives_is_collectives_time_and_sent_bytes():
@@ -39,3 +39,10 @@ def test_closed_total_is_closed_peak():
     for args in itertools.product((0.0, 1.2e10), (3.3e9,), (0.0, 7e8), (None, 5e8)):
         for unit3 in ((), (1.1e9, 2.2e9, 2), (1.1e9, 2.2e9, 0), (3e8, 6e8, 80)):
             assert layout_cost._closed_total(*args, *unit3) == layout_cost.closed_peak(*args, *unit3)[0]
+
+
+def test_replicate_core_is_hsdp_replicate_traffic():
+    for nb, shard, reps, count in itertools.product((0.0, 3.3e9, 7.25e11), (1, 2, 7, 64),
+                                                    (2, 3, 1000), (1, 5, 126)):
+        fast = hierarchical._replicate_traffic(nb, shard, reps, count, 10e-6, 50e9)
+        assert fast == hierarchical.hsdp_replicate_traffic(nb, shard, reps, count, 10e-6, 50e9)

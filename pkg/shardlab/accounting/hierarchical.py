@@ -127,11 +127,20 @@ def hsdp_replicate_traffic(
     carry this rank's gradient shard ``grad_bytes / shard`` across ``replicas`` ranks.
 
     ``count``: 1 (one flat shard), or one per unit/layer (ZeRO-3, FSDP2); the bytes do not
-    depend on it, the latency term does. The planner's ``_dp_traffic`` calls this.
+    depend on it, the latency term does. The planner (``layout_cost.dp_seconds_bytes``) calls
+    :func:`_replicate_traffic`, the same arithmetic without the checks.
     """
     each = grad_bytes / shard / count
     return (comm.collectives_time("all_reduce", each, replicas, count, alpha, beta),
             count * comm.sent_bytes("all_reduce", each, replicas))
+
+
+def _replicate_traffic(grad_bytes: float, shard: int, replicas: int, count: int,
+                       alpha: float, beta: float) -> tuple[float, float]:
+    # hsdp_replicate_traffic through comm's unchecked ring core: the same floats
+    # (tests/test_accounting_fast_paths.py), for the planner's search of checked inputs
+    return comm._ring_collectives("all_reduce", grad_bytes / shard / count, replicas, count,
+                                  alpha, beta)
 
 
 def hsdp_step_volume(

@@ -20,7 +20,7 @@ import math
 
 from . import activations as act
 from . import comm, hierarchical
-from .compute import ModelShape, _compute_time, _mfu, _roofline, collective_roofline
+from .compute import ModelShape, Roofline, _compute_time, _mfu, _roofline
 from .context import kv_bytes
 from .gemm import elementwise_bytes, gemms_time, layer_gemms
 from .layout_types import (
@@ -89,9 +89,73 @@ def _activations(s_loc: int, b: int, h: int, a: int, t: int, rc: str, sp: bool,
     return a_l, recompute_scratch(s_loc, b, h, a, t, rc, sp, **kw)
 
 
+def stage_params(model, t: int, p: int, st_layers: dict, dense_l: float, exp_l: float
+                 ) -> dict[int, tuple[int, int]]:
+    """(dense, expert) parameters each stage of ``st_layers`` holds: its layers, the embedding
+    on the first stage, the head (and with tied embeddings under pipelining a copy of the
+    embedding) on the last."""
+    out = {}
+    for stage in st_layers:
+        n_dense = st_layers[stage] * dense_l + (model.embedding_params / t if stage == 0 else 0)
+        if stage == p - 1:  # the head, or with tied embeddings a copy of the embedding
+            tied_copy = model.embedding_params if model.tied_embeddings and p > 1 else 0
+            n_dense += (model.head_params + tied_copy) / t
+        out[stage] = (max(1, round(n_dense)), round(st_layers[stage] * exp_l) if exp_l else 0)
+    return out
+
+
+def stage_states(model, cl, o: _Opts, t: int, p: int, dp: int, edp: int, st_layers: dict,
+                 dense_l: float, exp_l: float, layout_name: str) -> tuple[dict, float]:
+    """(persistent state on the device per stage of ``st_layers``, seconds ZeRO-Offload adds
+    to the step: the busier stage's) of ZeRO ``layout_name`` over ``dp`` ranks (experts over
+    ``edp``) for the parameters of :func:`stage_params`."""
+    state = {}
+    offload_s = 0.0
+    for stage, (n_dense, n_exp) in stage_params(model, t, p, st_layers, dense_l, exp_l).items():
+        parts = [(n_dense, dp)] + ([(n_exp, edp)] if exp_l else [])
+        state[stage] = sum(_state_total(n, d, layout_name, o.recipe) for n, d in parts)
+        if o.offload and layout_name in ("zero1", "zero2"):  # the optimizer side on the host
+            off = [_offloaded(n, d, o, cl) for n, d in parts]
+            state[stage] -= sum(y.host_bytes for y in off)
+            offload_s = max(offload_s, sum(y.added_seconds for y in off))
+    return state, offload_s
+
+
+def _replicas_cap(model, cl, o: _Opts, t: int, p: int, dp: int, edp: int, st_layers: dict,
+                  dense_l: float, exp_l: float, layout_name: str, budget: float,
+                  least_need: dict, unit3: tuple) -> float:
+    """The most HSDP replicas ``R`` whose state may fit beside ``least_need`` (a stage's least
+    activations, scratch and workspace) and ZeRO-3's gathered layers, 1.000001 times the
+    budget allowed against rounding: :func:`.memory.model_state` shards the state ``dp / R``
+    ways, so a stage holds ``rep + (one - rep) R`` (``one``: at ``R = 1``, ``rep``: the
+    replicated part); no recompute mode fits a split with more replicas."""
+    one, _ = stage_states(model, cl, o, t, p, dp, edp, st_layers, dense_l, exp_l, layout_name)
+    rep, _ = stage_states(model, cl, o, t, p, 2**52, 2**52, st_layers, dense_l, exp_l,
+                          layout_name)
+    extra = (unit3[2] * unit3[0] + unit3[1]) if unit3 else 0.0
+    cap = math.inf
+    for stage in one:
+        grows = one[stage] - rep[stage]
+        room = budget * 1.000001 - one[stage] - extra - least_need[stage]
+        if grows > 0:
+            cap = min(cap, 1 + room / grows)
+    return cap
+
+
+def _collective(name, op, nbytes, d, count, link, hide, pk_f, eff) -> Roofline:
+    """:func:`.compute.collective_roofline` (ring) without its checks, for the search."""
+    time_, sent = comm._ring_collectives(op, nbytes, d, count, *link)
+    return _roofline(name, time_, sent, hide, pk_f, eff, link[1])
+
+
+@functools.lru_cache(maxsize=256)
+def _kv_bytes(b, s, kv_heads, head_dim, q, t) -> float:
+    return kv_bytes(b, s, kv_heads, head_dim, q, t)
+
+
 def clear_caches() -> None:
     """Forget the memoized per-shard results (for timing a cold search)."""
-    for f in (_layer_times, _state_total, _activations, _dp_traffic):
+    for f in (_layer_times, _state_total, _activations, _kv_bytes):
         f.cache_clear()
 
 
@@ -170,14 +234,15 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
     pp_link = cl.link(_inside(t * c, p, node))
     dp_link = cl.link(_inside(t, c, node) and _inside(t * c * p, D, node))
     ep_link = cl.link((ep <= t * c or p == 1) and _inside(1, ep, node))
-    tp_r = collective_roofline("all_reduce", o.b * s_loc * h * q, t, 4 * count, *cl.link(True),
-                               0.0, pk_f, eff, name="tp")
-    kv = kv_bytes(o.b, model.seq_len, model.kv_heads, model.head_dim, q, t)
-    cp_r = collective_roofline("all_gather", kv, c, 3 * count, *cp_link,
-                               3 * attn_tok * tokens * count, pk_f, eff, name="cp")
+    # compute.collective_roofline through its unchecked cores: the same arithmetic and floats
+    tp_r = _collective("tp", "all_reduce", o.b * s_loc * h * q, t, 4 * count, cl.link(True),
+                       0.0, pk_f, eff)
+    kv = _kv_bytes(o.b, model.seq_len, model.kv_heads, model.head_dim, q, t)
+    cp_r = _collective("cp", "all_gather", kv, c, 3 * count, cp_link,
+                       3 * attn_tok * tokens * count, pk_f, eff)
     a2a = model.top_k * max(1, round(tokens)) * h * q
-    ep_r = collective_roofline("all_to_all", a2a, ep, 4 * count if model.experts > 1 else 0,
-                               *ep_link, 0.0, pk_f, eff, name="ep")
+    ep_r = _collective("ep", "all_to_all", a2a, ep, 4 * count if model.experts > 1 else 0,
+                       ep_link, 0.0, pk_f, eff)
     pp_bytes = comm.pipeline_p2p_volume(o.b, s_loc, h, q, m, vv) / t if p > 1 else 0.0
     pp_time = comm.p2p_time(pp_bytes, *pp_link, messages=2 * m * vv)
     fill = 2 * (p * vv - 1)
@@ -198,6 +263,11 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
     held = {stage: inflight_chunks(p, m, vv, stage) for stage, _ in stages}
     ws = {stage: logits_workspace(o.b, s_loc, model.vocab // t, 4) if stage == p - 1 else None
           for stage, _ in stages}
+    groups = dp_groups(model, D, c, t, p, ep, layers_rank, q)  # data-parallel (bytes, ranks)
+    # per stage, the least activations and scratch of any recompute mode, with the workspace
+    least_need = {stage: min(per_rec[rc][0] * st_layers[stage] / vv * held[stage] + per_rec[rc][1]
+                             for rc in recs) + (ws[stage] or 0.0) for stage, _ in stages}
+    in_node = _inside(t, c, node)
     out = []
     for zr in zeros:
         zero, reshard, given = (*zr, 1, 1)[:3] if isinstance(zr, tuple) else (zr, True, 1)
@@ -207,10 +277,17 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
             unit3 = (rec_spec.weights * (dense_l + exp_l), rec_spec.grads * (dense_l + exp_l),
                      min(layers_rank, 2) if reshard else layers_rank)
         hide_none = {0: 3 * fwd, 1: 3 * fwd, 2: fwd * (1 + 2 * m), 3: 3 * fwd * m}[zero]
+        hidden = _compute_time(hide_none, pk_f, eff)  # the compute the traffic can hide behind
         # the data-parallel splits to cost: the given one, or plain ZeRO then HSDP's replicas
-        # while each cuts the data-parallel time that is still exposed (layout_search)
+        # while each cuts the data-parallel time that is still exposed (layout_search), up to
+        # the most replicas whose state can fit (cap): a split beyond it fits no recompute
+        # mode, and the search below stops at the first split that does not fit
         splits, fastest = [], math.inf
+        cap = _replicas_cap(model, cl, o, t, p, D * c, edp, st_layers, dense_l, exp_l,
+                            layout_name, budget, least_need, unit3) if replicas and zero else 1
         for reps in ((given,) if given > 1 else (1, *(replicas if zero else ()))):
+            if reps > 1 and reps > cap and given == 1:
+                break
             if reps > 1 and ((D % reps) or (exp_l and edp % reps)):
                 if given > 1:
                     out.append(Rejection(Layout(D, t, p, c, ep, zero, None, m, vv, sp, reshard,
@@ -218,33 +295,24 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
                                          f"replicas={reps} does not divide D={D}"
                                          + (f" and edp={edp}" if exp_l else "")))
                 continue
-            if splits and fastest <= _compute_time(hide_none, pk_f, eff):
+            if splits and fastest <= hidden:
                 break  # nothing exposed left to cut: more replicas only add state
             links = (dp_link,) if reps == 1 else (
-                cl.link(_inside(t, c, node) and _inside(t * c * p, D // reps, node)),
+                cl.link(in_node and _inside(t * c * p, D // reps, node)),
                 cl.link(_inside(t * c * p * (D // reps), reps, node)))  # shard group, replicas
-            dp_t, dp_b = _dp_traffic(model, D, c, t, p, ep, m, zero, layers_rank, q, links,
-                                     reshard, reps)
+            dp_t, dp_b = dp_seconds_bytes(groups, zero, reshard, layers_rank, m, reps, links)
             if splits and dp_t >= fastest:
                 continue
             fastest = min(fastest, dp_t)
-            state = {}  # persistent state per stage (on the device)
-            offload_s = 0.0  # seconds offloading adds to the step (the busier stage's)
-            for stage, _ in stages:
-                n_dense = st_layers[stage] * dense_l + (model.embedding_params / t
-                                                        if stage == 0 else 0)
-                if stage == p - 1:  # the head, or with tied embeddings a copy of the embedding
-                    tied_copy = model.embedding_params if model.tied_embeddings and p > 1 else 0
-                    n_dense += (model.head_params + tied_copy) / t
-                parts = [(max(1, round(n_dense)), D * c // reps)]
-                if exp_l:
-                    parts.append((round(st_layers[stage] * exp_l), edp // reps))
-                state[stage] = sum(_state_total(n, d, layout_name, o.recipe) for n, d in parts)
-                if o.offload and zero in (1, 2):  # ZeRO-Offload: the optimizer side on the host
-                    off = [_offloaded(n, d, o, cl) for n, d in parts]
-                    state[stage] -= sum(x.host_bytes for x in off)
-                    offload_s = max(offload_s, sum(x.added_seconds for x in off))
-            splits.append((reps, links, dp_t, dp_b, state, offload_s))
+            splits.append([reps, links, dp_t, dp_b, None, 0.0])  # the state: when first read
+
+        def settled(split: list, name: str = layout_name) -> list:
+            """The split with its state per stage and offload seconds (stage_states)."""
+            if split[4] is None:
+                split[4], split[5] = stage_states(model, cl, o, t, p, D * c // split[0],
+                                                  edp // split[0], st_layers, dense_l, exp_l,
+                                                  name)
+            return split
         for rc in recs:
             a_l, scratch, r_flops, t_r, hw_flops = per_rec[rc]
             mb = 3 * fwd + r_flops  # one microbatch's compute
@@ -253,18 +321,20 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
             # slower and fit: pruned), none when none fits (plain, which holds less, is OOM).
             # A split's peak grows with its replicas (only the state changes), so the search
             # walks up from the fewest and stops at the first that does not fit.
+            # (The peak never falls as replicas are added, so the first split that does not
+            # fit is found by bisection: the same split as walking up, fewer states.)
             chosen = splits[:1]
             if given == 1:
-                fit = None
-                for split in splits[1:]:
-                    total = max(_closed_total(split[4][stage], a_l * st_layers[stage] / vv
+                lo, hi = 1, len(splits)  # splits[lo - 1] fits (or is plain), splits[hi] not
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    state = settled(splits[mid])[4]
+                    total = max(_closed_total(state[stage], a_l * st_layers[stage] / vv
                                               * held[stage], scratch, ws[stage], *unit3)
                                 for stage, _ in stages)
-                    if total > budget:
-                        break
-                    fit = split
-                chosen += [fit] if fit is not None else []
-            for reps, links, dp_t, dp_b, state, offload_s in chosen:
+                    lo, hi = (mid + 1, hi) if total <= budget else (lo, mid)
+                chosen += splits[lo - 1:lo] if lo > 1 else []
+            for reps, links, dp_t, dp_b, state, offload_s in map(settled, chosen):
                 lay = Layout(D, t, p, c, ep, zero, rc, m, vv, sp, reshard, reps)
                 best = (-1.0, 0, "")
                 for stage, sname in stages:
@@ -300,36 +370,47 @@ def cost_layouts(model, cl, D, t, p, c, vv, ep, zeros, recs, o: _Opts, sp: bool 
     return out
 
 
-@functools.lru_cache(maxsize=65536)
-def _dp_traffic(model, D, c, t, p, ep, m, zero, layers_rank, q, links,
-                reshard: bool = True, replicas: int = 1) -> tuple[float, float]:
-    """(seconds, bytes) per step of the gradient reduction and ZeRO gathers over the ``D c``
-    ranks that hold the same dense weights (and the ``edp`` ranks of the same experts).
+def dp_groups(model, D, c, t, p, ep, layers_rank, q) -> list[tuple[float, int]]:
+    """``(bytes, ranks)`` of the data-parallel groups: a rank's dense weights (its layers and
+    its share of the embedding and the head) over the ``D c`` ranks that hold the same dense
+    weights, its experts over the ``edp`` ranks of the same experts."""
+    dense_l, exp_l = _params_per_rank(model, t, ep, layers_rank)
+    dense = layers_rank * dense_l + (model.embedding_params + model.head_params) / (t * p)
+    groups = [(q * dense, D * c)]
+    if exp_l:
+        groups.append((q * (layers_rank * exp_l), D * c * t // ep))
+    return groups
+
+
+def dp_ops(zero: int, reshard: bool, nb: float, layers_rank: int, m: int):
+    """The ring collectives ``(op, bytes each, count)`` of one group of ``nb`` bytes per step
+    under ZeRO ``zero``, and how many all-reduces carry its shard across HSDP replicas."""
+    ops = {0: [("all_reduce", nb, 1)],
+           1: [("reduce_scatter", nb, 1), ("all_gather", nb, 1)],
+           2: [("reduce_scatter", nb, m), ("all_gather", nb, 1)],
+           3: [("all_gather", nb / layers_rank, (2 if reshard else 1) * m * layers_rank),
+               ("reduce_scatter", nb / layers_rank, m * layers_rank)]}[zero]
+    return ops, (layers_rank if zero == 3 else 1)
+
+
+def dp_seconds_bytes(groups, zero: int, reshard: bool, layers_rank: int, m: int,
+                     replicas: int, links) -> tuple[float, float]:
+    """(seconds, bytes) per step of the gradient reduction and ZeRO gathers of the ``groups``
+    (:func:`dp_groups`).
 
     ``links``: ``((alpha, beta),)``, or with ``replicas > 1`` (HSDP) the shard group's and the
     replicas' links: the ZeRO collectives run over ``g / replicas`` ranks, then each rank
     all-reduces its gradient shard (``1 / (g / replicas)`` of the gradients) across the
     ``replicas`` once per step (ZeRO-3: one all-reduce per layer)."""
-    dense_l, exp_l = _params_per_rank(model, t, ep, layers_rank)
-    dense = layers_rank * dense_l + (model.embedding_params + model.head_params) / (t * p)
-    groups = [(dense, D * c)]
-    if exp_l:
-        groups.append((layers_rank * exp_l, D * c * t // ep))
     total_t = total_b = 0.0
-    for n, g in groups:
-        nb = q * n
+    for nb, g in groups:
         g //= replicas
-        ops = {0: [("all_reduce", nb, 1)],
-               1: [("reduce_scatter", nb, 1), ("all_gather", nb, 1)],
-               2: [("reduce_scatter", nb, m), ("all_gather", nb, 1)],
-               3: [("all_gather", nb / layers_rank, (2 if reshard else 1) * m * layers_rank),
-                   ("reduce_scatter", nb / layers_rank, m * layers_rank)]}[zero]
-        for op, each, k in ops:  # comm.collectives_time and comm.sent_bytes, ring
-            op_t, op_b = comm._ring_collectives(op, each, g, k, *links[0])
+        ops, k = dp_ops(zero, reshard, nb, layers_rank, m)
+        for op, each, count in ops:  # comm.collectives_time and comm.sent_bytes, ring
+            op_t, op_b = comm._ring_collectives(op, each, g, count, *links[0])
             total_t += op_t
             total_b += op_b
         if replicas > 1:  # the shard of the gradients, across the replicas, once per step
-            k = layers_rank if zero == 3 else 1
-            rep_t, rep_b = hierarchical.hsdp_replicate_traffic(nb, g, replicas, k, *links[1])
+            rep_t, rep_b = hierarchical._replicate_traffic(nb, g, replicas, k, *links[1])
             total_t, total_b = total_t + rep_t, total_b + rep_b
     return total_t, total_b

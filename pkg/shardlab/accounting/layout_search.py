@@ -28,9 +28,11 @@ rejected), ``c`` up to ``max_cp`` with ``s / c >= min_local_seq``, ``p`` every d
   replicas that fits: every other split that fits is slower than that one (and holds more
   than plain ZeRO), so it never ranks above it.
 
-**Bounds.** ``G <= MAX_GPUS`` and ``L <= MAX_LAYERS`` (:mod:`.layout_types`); larger inputs are
-refused with one sentence. With the pruning above, Llama 3 405B on 16,384 GPUs costs a few
-thousand layouts (``tests/test_planner_search.py`` times it).
+**Bounds.** ``G <= MAX_GPUS`` and ``L <= MAX_LAYERS`` (:mod:`.layout_types`) and at most
+:data:`MAX_COMBINATIONS` combinations of ``(t, c, p, D, v, ep)``, counted before any is built
+(:func:`search_space`); larger inputs are refused with one sentence. With the pruning above,
+Llama 3 405B on 16,384 GPUs costs a few thousand layouts (``tests/test_planner_search.py``
+times it); which cells of a larger search are costed, :mod:`.layout_bound` says.
 """
 
 from __future__ import annotations
@@ -38,25 +40,49 @@ from __future__ import annotations
 import math
 
 from .context import kv_heads_per_rank
-from .layout_types import MAX_GPUS, MAX_LAYERS, Layout, Rejection, _inside, _Opts, divisors
+from .layout_types import (
+    MAX_GPUS,
+    MAX_LAYERS,
+    Layout,
+    Rejection,
+    _inside,
+    _Opts,
+    divisors,
+    hsdp_replicas,
+)
 from .pipeline import idle_fraction
 
 REASONS = ("divisibility", "t beyond a node", "too many stages", "bubble too large",
            "out of memory")
+# Combinations of (t, c, p, D, v, ep) one search checks at most: building and bounding them
+# takes about 0.4 s at this count (a 1,024-layer model with 256 experts on 110,880 GPUs has
+# 70,000; 720,720 experts on 16,384 GPUs, 135,120: refused)
+MAX_COMBINATIONS = 100_000
 
 
 def check_size(model, cluster) -> None:
     """Refuse a search whose size would grow past the bounds (one sentence)."""
     if cluster.gpus > MAX_GPUS:
-        raise ValueError(f"gpus={cluster.gpus:.3g}: the planner searches clusters of at most "
+        raise ValueError(f"gpus={cluster.gpus:,}: the planner searches clusters of at most "
                          f"{MAX_GPUS:,} GPUs")
     if model.layers > MAX_LAYERS:
-        raise ValueError(f"layers={model.layers:.3g}: the planner searches models of at most "
+        raise ValueError(f"layers={model.layers:,}: the planner searches models of at most "
                          f"{MAX_LAYERS:,} layers")
     big = max(model.hidden, model.ffn, model.vocab, model.seq_len, model.experts)
     if big > 2**40:
-        raise ValueError(f"a model dimension of {big:.3g} is beyond what the planner costs "
+        raise ValueError(f"a model dimension of {big:,} is beyond what the planner costs "
                          "(at most 2^40 per dimension)")
+
+
+def check_combinations(model, cluster, batch: int, n: int) -> None:
+    """Refuse a search of more than :data:`MAX_COMBINATIONS` combinations of the degrees
+    ``(t, c, p, D, v, ep)`` (counted before any is built), with one sentence naming the inputs."""
+    if n > MAX_COMBINATIONS:
+        moe = f", experts={model.experts:,}" if model.experts > 1 else ""
+        raise ValueError(
+            f"gpus={cluster.gpus:,}, layers={model.layers:,}, global_batch={batch:,}{moe}: the "
+            f"search would check {n:,} combinations of the degrees t, c, p, D, v and ep; the "
+            f"planner checks at most {MAX_COMBINATIONS:,}, so that it answers within a second")
 
 
 def chunk_counts(L: int, p: int) -> list[int]:
@@ -117,29 +143,27 @@ def geometry_rejection(model, cl, D, t, p, c, o: _Opts, sp: bool) -> Rejection |
 
 
 def chunk_rejection(model, D, t, p, c, vv, m, o: _Opts, sp: bool) -> Rejection | None:
-    lay = Layout(D, t, p, c, None, None, None, m, vv, sp)
     if p * vv > model.layers:
-        return Rejection(lay, "too many stages",
+        return Rejection(Layout(D, t, p, c, None, None, None, m, vv, sp), "too many stages",
                          f"p*v = {p}*{vv} = {p * vv} virtual stages > layers={model.layers}")
     if vv > 1 and m % p:
-        return Rejection(lay, "divisibility", f"interleaving (v={vv}) needs p={p} to divide m={m}")
+        return Rejection(Layout(D, t, p, c, None, None, None, m, vv, sp), "divisibility",
+                         f"interleaving (v={vv}) needs p={p} to divide m={m}")
     idle = idle_fraction(p, m, vv)
     if idle > o.max_bubble:
-        return Rejection(lay, "bubble too large",
+        return Rejection(Layout(D, t, p, c, None, None, None, m, vv, sp), "bubble too large",
                          f"idle fraction {idle:.1%} of p={p}, m={m}, v={vv} exceeds "
                          f"max_bubble={o.max_bubble:.0%}")
     return None
 
 
 def ep_rejection(model, D, t, p, c, vv, ep, m, sp: bool) -> Rejection | None:
-    if model.experts == 1:
+    if model.experts == 1 or not (model.experts % ep or (D * c * t) % ep):
         return None
     lay = Layout(D, t, p, c, ep, None, None, m, vv, sp)
     if model.experts % ep:
         return Rejection(lay, "divisibility", f"ep={ep} does not divide experts={model.experts}")
-    if (D * c * t) % ep:
-        return Rejection(lay, "divisibility", f"ep={ep} does not divide D*c*t = {D * c * t}")
-    return None
+    return Rejection(lay, "divisibility", f"ep={ep} does not divide D*c*t = {D * c * t}")
 
 
 def sp_choices(model, t: int, c: int, sp: bool | None) -> tuple[bool, ...]:
@@ -191,3 +215,59 @@ def geometries(model, cl, o: _Opts, max_c: int, min_s: int, sp: bool | None):
                                         f"global_batch={o.batch}")
                         continue
                     yield (D, t, p, c, spv)
+
+
+def search_space(model, cl, o: _Opts, max_c: int, min_s: int, sp: bool | None, hsdp: bool,
+                 eps: list[int], bounded) -> tuple[list, list[tuple], bool]:
+    """The search in the order of the full search: ``items`` (each a :class:`Rejection` found
+    before costing, or the index of a cell) and the ``cells`` ``(D, t, p, c, sp, v, ep)`` to
+    cost. Refused (:func:`check_combinations`) before any combination is built when there are
+    too many. ``bounded(layouts, splits)`` says, from the most layouts the cells can yield and
+    the count of their HSDP splits, whether the search is bounded (returned too): a bounded
+    search gets one rejection per geometry and expert degree that does not divide ``D c t``
+    (``v`` ``None``, every interleaving), a full search one per interleaving."""
+    geos = list(geometries(model, cl, o, max_c, min_s, sp))
+    vs_of = {p: chunk_counts(model.layers + (2 if o.embedding_in_split and p > 1 else 0), p)
+             for p in {g[2] for g in geos if not isinstance(g, Rejection)}}
+    check_combinations(model, cl, o.batch, sum(
+        len(vs_of[g[2]]) * len(eps) for g in geos if not isinstance(g, Rejection)))
+    found, n_layouts, splits = [], 0, 0  # per geometry, its checks; and the counts
+    for geo in geos:
+        if isinstance(geo, Rejection):
+            found.append(geo)
+            continue
+        D, t, p, c, spv = geo
+        m = o.batch // (D * o.b)
+        # an expert degree's rejection does not depend on v: found once per geometry
+        why = {ep: ep_rejection(model, D, t, p, c, 1, ep, m, spv) for ep in eps}
+        vs = [(vv, chunk_rejection(model, D, t, p, c, vv, m, o, spv)) for vv in vs_of[p]]
+        n = sum(rj is None for _, rj in vs) * sum(rj is None for rj in why.values())
+        reps = len(hsdp_replicas(D, c)) if hsdp else 0
+        zeros = 5 if D * c > 1 or model.experts > 1 else 1  # ZeRO-0..3, ZeRO-3 kept
+        # at most 3 recompute modes per ZeRO stage, and the fastest HSDP split that fits
+        n_layouts += n * (3 * zeros + (3 * (zeros - 1) if reps else 0))
+        splits += n * reps
+        found.append((geo, m, vs, why))
+    compact = bounded(n_layouts, splits)
+    items: list = []
+    cells: list[tuple] = []
+    for entry in found:
+        if isinstance(entry, Rejection):
+            items.append(entry)
+            continue
+        (D, t, p, c, spv), m, vs, why = entry
+        if compact:
+            items += [Rejection(Layout(D, t, p, c, ep, None, None, m, None, spv), rj.reason,
+                                rj.detail) for ep, rj in why.items() if rj is not None]
+        for vv, rj in vs:
+            if rj:
+                items.append(rj)
+                continue
+            for ep, rj in why.items():
+                if rj is None:
+                    items.append(len(cells))
+                    cells.append((D, t, p, c, spv, vv, ep))
+                elif not compact:
+                    items.append(Rejection(Layout(D, t, p, c, ep, None, None, m, vv, spv),
+                                           rj.reason, rj.detail))
+    return items, cells, compact

@@ -20,7 +20,8 @@ NO_SP_MODES = {"none": "tp", "selective": "tp_selective", "full": "full_recomput
 ZERO_LAYOUTS = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 AXES = ("tp", "cp", "ep", "pp", "dp")
 FIELDS = ("D", "t", "p", "c", "ep", "zero", "recompute", "m", "v", "sp", "reshard", "replicas")
-# Bounds of one search (each answered in well under a second; larger inputs are refused):
+# Bounds of one search (larger inputs are refused; within them layout_bound keeps every
+# search within a second):
 MAX_GPUS = 2**21  # 2,097,152 GPUs: its divisors are found by trial division up to 1,449
 MAX_LAYERS = 1024
 
@@ -165,6 +166,11 @@ def inflight_chunks(p: int, m: int, v: int = 1, rank: int = 0) -> int:
     r = chk.nonneg_int("rank", rank)
     if r >= p:
         raise ValueError(f"rank={r} must be below p={p}")
+    return _inflight(p, m, vv, r)
+
+
+def _inflight(p: int, m: int, vv: int, r: int) -> int:
+    # inflight_chunks without its checks, for the planner's bounds (checked inputs)
     if vv == 1:
         return min(p - r, m)
     return min(2 * (p - r - 1) + (vv - 1) * p + 1, m * vv)

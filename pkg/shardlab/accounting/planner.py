@@ -2,8 +2,10 @@
 
 Lecture 8, "Real runs combine layouts"; Narayanan et al., *Megatron-LM* (2021), Sec. 3;
 Korthikanti et al. (2022); Grattafiori et al., *The Llama 3 Herd of Models* (2024), Sec. 3.3.
-Pure Python, closed forms only, so :func:`plan` answers in well under a second for a
-16,384-GPU cluster.
+Pure Python, closed forms only: :func:`plan` costs every layout of a search of the size of
+Llama 3 405B on 16,384 GPUs in well under a second; a larger search (a highly composite
+cluster size, 1,024 layers, many experts) ranks its first layouts exactly by branch and bound
+(:mod:`.layout_bound`), so that any input it accepts answers within a second.
 
 **Search** (:mod:`.layout_search`, which also says what is pruned and why): every divisor of
 ``G`` for ``t`` (up to twice a node), ``c`` and ``p``; ``D = G / (t c p)``; ``v`` from 1 up
@@ -62,15 +64,15 @@ from dataclasses import dataclass, field
 
 from . import _validate as chk
 from .compute import ModelShape
+from .layout_bound import EXACT_WORK, bounded_search, work
 from .layout_cost import cost_layouts
 from .layout_search import (
     REASONS,
     check_size,
-    chunk_counts,
     chunk_rejection,
     ep_rejection,
-    geometries,
     geometry_rejection,
+    search_space,
 )
 from .layout_types import (
     AXES,
@@ -177,7 +179,10 @@ class Plan:
     """Feasible layouts ranked by predicted step time, and the rejected ones with reasons.
 
     A rejection whose layout has ``None`` fields covers every value of those fields (a
-    tensor group beyond a node is rejected for every ZeRO stage and recompute mode)."""
+    tensor group beyond a node is rejected for every ZeRO stage and recompute mode).
+    ``skipped``: the cells ``(D, t, p, c, sp, v, ep)`` a bounded search did not cost, every
+    layout of which is slower than rank ``settings["bounded"]["ranked_exactly"]``
+    (:mod:`.layout_bound`; empty for a full search)."""
 
     model: ModelShape
     cluster: Cluster
@@ -185,6 +190,7 @@ class Plan:
     feasible: tuple[Candidate, ...]
     rejected: tuple[Rejection, ...]
     settings: dict[str, object] = field(default_factory=dict)
+    skipped: tuple[tuple, ...] = ()
 
     def find(self, **fields: object) -> list[Candidate]:
         """Feasible candidates whose layout matches every given field (e.g. ``t=8, p=16``)."""
@@ -195,6 +201,17 @@ class Plan:
         """Rejections matching every given field (``None`` in a rejection matches anything)."""
         return [r for r in self.rejected
                 if all(getattr(r.layout, k) in (x, None) for k, x in fields.items())]
+
+    def find_skipped(self, **fields: object) -> list[Layout]:
+        """Cells a bounded search did not cost that match every given field, as layouts with
+        ``None`` for the fields they cover (ZeRO, recompute, resharding, replicas)."""
+        out = []
+        for D, t, p, c, sp, vv, ep in self.skipped:
+            lay = Layout(D, t, p, c, ep, None, None, max(1, self.global_batch // (
+                D * self.settings.get("microbatch", 1))), vv, sp, None, None)
+            if all(getattr(lay, k) in (x, None) for k, x in fields.items()):
+                out.append(lay)
+        return out
 
     def rank_of(self, cand: Candidate) -> int:
         """1-based position of ``cand`` in the ranking (by identity first: comparing
@@ -220,12 +237,16 @@ class Plan:
         the first-ranked layout) ahead of it, largest differences first."""
         top = self.feasible[0] if against is None else against
         rank = self.rank_of(cand)
+        bounded = self.settings.get("bounded")
+        of = (f"{len(self.feasible)}" if not bounded or rank <= bounded["ranked_exactly"] else
+              f"the {len(self.feasible)} a bounded search costed (exact down to rank "
+              f"{bounded['ranked_exactly']})")
         if top is cand:
-            return f"{cand.layout.label} ranks 1 of {len(self.feasible)}."
+            return f"{cand.layout.label} ranks 1 of {of}."
         diff = sorted(self.compare(top, cand).items(), key=lambda kv: -abs(kv[1]))[:terms]
         parts = ", ".join(f"{k.replace('_', ' ')} {d:+.2f} s" for k, d in diff if d)
         return (
-            f"{cand.layout.label} ranks {rank} of {len(self.feasible)} "
+            f"{cand.layout.label} ranks {rank} of {of} "
             f"({cand.step_time:.2f} s per step, MFU {cand.mfu:.1%}); "
             f"{top.layout.label} takes {top.step_time:.2f} s (MFU {top.mfu:.1%}). "
             f"Per step it spends, relative to that layout: {parts}."
@@ -250,6 +271,7 @@ def plan(
     offload: bool = False,
     pcie_bandwidth: float = 25e9,
     host_bandwidth: float = 100e9,
+    full: bool | None = None,
 ) -> Plan:
     """Enumerate, check and rank layouts of ``model`` on ``cluster`` (module docstring).
 
@@ -266,7 +288,10 @@ def plan(
     of the rank's shard on the host (not in the device peak), and per step the gradient shard
     down and the weights up at ``pcie_bandwidth`` plus the update at ``host_bandwidth``
     instead of the device's (:func:`.hierarchical.offload_step`), added to the step as the
-    ``offload`` time (ZeRO-0 and ZeRO-3 are costed as without it).
+    ``offload`` time (ZeRO-0 and ZeRO-3 are costed as without it). ``full``: cost every
+    layout (True), or only those a branch and bound cannot rule out of the first
+    :data:`.layout_bound.RANKED_EXACTLY` ranks (False); ``None`` (default) decides by the size
+    of the search, so that any search answers within a second (:mod:`.layout_bound`).
     """
     _check_inputs(model, cluster)
     o = _check_opts(global_batch, microbatch, recipe, reserve, max_bubble, q, causal,
@@ -276,32 +301,39 @@ def plan(
     if sp is not None:
         chk.flag("sp", sp)
     hsdp = chk.flag("hsdp", hsdp)
-    L = model.layers
+    if full is not None:
+        chk.flag("full", full)
     eps = divisors(model.experts) if model.experts > 1 else [1]
     recs = tuple(RECOMPUTE_MODES)
-    feasible, rejected = [], []
-    for geo in geometries(model, cluster, o, max_c, min_s, sp):
-        if isinstance(geo, Rejection):
-            rejected.append(geo)
-            continue
-        D, t, p, c, spv = geo
-        m = o.batch // (D * o.b)
+    # the rejections found before costing and the cells to cost, in the full search's order;
+    # the search is bounded when its work is too large for a second (layout_bound)
+    items, cells, is_bounded = search_space(
+        model, cluster, o, max_c, min_s, sp, hsdp, eps,
+        lambda n, splits: full is False or (full is None and work(n, splits) > EXACT_WORK))
+
+    def zeros_of(i: int) -> tuple:
+        D, c = cells[i][0], cells[i][3]
         # nothing to shard over one rank: ZeRO-1/2/3 would be ZeRO-0 again
-        zeros = (*ZERO_LAYOUTS, (3, False)) if D * c > 1 or model.experts > 1 else (0,)
+        return (*ZERO_LAYOUTS, (3, False)) if D * c > 1 or model.experts > 1 else (0,)
+
+    def cost(i: int) -> list:
+        D, t, p, c, spv, vv, ep = cells[i]
+        zeros = zeros_of(i)
         reps = tuple(hsdp_replicas(D, c)) if hsdp else ()
-        for vv in chunk_counts(L + (2 if o.embedding_in_split and p > 1 else 0), p):
-            rj = chunk_rejection(model, D, t, p, c, vv, m, o, spv)
-            if rj:
-                rejected.append(rj)
-                continue
-            for ep in eps:
-                rj = ep_rejection(model, D, t, p, c, vv, ep, m, spv)
-                if rj:
-                    rejected.append(rj)
-                    continue
-                for r in cost_layouts(model, cluster, D, t, p, c, vv, ep, zeros, recs, o, spv,
-                                      reps):
-                    (feasible if isinstance(r, Candidate) else rejected).append(r)
+        return cost_layouts(model, cluster, D, t, p, c, vv, ep, zeros, recs, o, spv, reps)
+
+    bounded, skipped = None, []
+    if is_bounded:
+        done, bounded, skipped = bounded_search(model, cluster, o, cells, cost, zeros_of, hsdp)
+    else:
+        done = {i: cost(i) for i in range(len(cells))}
+    feasible, rejected = [], []
+    for item in items:
+        if isinstance(item, Rejection):
+            rejected.append(item)
+            continue
+        for r in done.get(item, ()):
+            (feasible if isinstance(r, Candidate) else rejected).append(r)
     feasible.sort(key=lambda c: (c.step_time, c.peak))
     recipe_name = getattr(o.recipe, "name", o.recipe)
     settings = {"microbatch": o.b, "recipe": recipe_name, "reserve": o.reserve,
@@ -310,5 +342,7 @@ def plan(
                 "hsdp": hsdp, "offload": o.offload,
                 **({"pcie_bandwidth": o.pcie_bandwidth, "host_bandwidth": o.host_bandwidth}
                    if o.offload else {}),
-                "budget_bytes": cluster.gpu_memory * (1 - o.reserve)}
-    return Plan(model, cluster, o.batch, tuple(feasible), tuple(rejected), settings)
+                "budget_bytes": cluster.gpu_memory * (1 - o.reserve),
+                **({"bounded": bounded} if bounded else {})}
+    return Plan(model, cluster, o.batch, tuple(feasible), tuple(rejected), settings,
+                tuple(cells[i] for i in skipped))

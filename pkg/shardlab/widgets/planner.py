@@ -167,16 +167,34 @@ def planner_report(
             f"weights up over PCIe at {num['pcie_gbps']:g} GB/s plus the update at "
             f"{num['host_gbps']:g} GB/s of host memory (the 'offload' time, not overlapped; "
             f"accounting.hierarchical.offload_step).")
+    bounded = pl.settings.get("bounded")
+    if bounded:
+        notes.append(
+            f"A bounded search: the full search has {bounded['cells']:,} cells (t, c, p, D, v, "
+            f"ep), more than the planner costs within a second, so it costed them in the order "
+            f"of a lower bound on their step time until no cell left could reach the first "
+            f"{bounded['ranked_exactly']} ranks. Those ranks are the full search's; below them "
+            f"only the layouts of the {bounded['costed']:,} cells costed are ranked "
+            f"({bounded['out_of_memory_whole']:,} cells rejected whole as out of memory, "
+            f"{bounded['skipped']:,} not costed; accounting.layout_bound).")
     marked_data = []
     for fields, best, rej in marked:
         label = ", ".join(f"{k}={v}" for k, v in fields.items())
+        skipped = pl.find_skipped(**fields) if best is None else []
         if best is not None:
             notes.append(f"Marked {label}: " + pl.explain(best))
+        elif skipped:
+            why = "; ".join(sorted({r.detail for r in rej})[:4])
+            notes.append(f"Marked {label}: not ranked; the bounded search did not cost its "
+                         f"{len(skipped):,} cells, every layout of which is slower than rank "
+                         f"{bounded['ranked_exactly']}" + (f" (the others: {why})" if why else "")
+                         + ".")
         else:
             why = "; ".join(sorted({r.detail for r in rej})[:4]) or "not in the search space"
             notes.append(f"Marked {label}: no feasible variant ({why}).")
         marked_data.append({
             "fields": fields,
+            "cells_not_costed": len(skipped),
             "rank": pl.rank_of(best) if best is not None else None,
             "best": best.as_dict() if best is not None else None,
             "explanation": pl.explain(best) if best is not None else None,
