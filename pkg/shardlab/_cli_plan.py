@@ -58,7 +58,8 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         "plan",
         help="rank layouts (D, t, p, c, ep, ZeRO, recompute, m, v, SP) of a model on a cluster",
         description="Checks every layout of the model on the cluster (every divisor of G for "
-        "t, c and p) and ranks the feasible ones by predicted step time, with per-rank peak "
+        "t, c and p; above 10,000 layouts a bounded search whose first 50 ranks are those of "
+        "the full search) and ranks the feasible ones by predicted step time, with per-rank peak "
         "memory by term (GB = 10^9 bytes), communication time per axis and its hidden share, "
         "MFU and HFU; rejected layouts are counted by reason. Each GEMM runs at the efficiency "
         "its arithmetic intensity allows against the GPU's FLOP/byte ridge, capped by "
