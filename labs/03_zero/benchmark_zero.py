@@ -45,7 +45,13 @@ needs, communication included, not by overlap. gloo's reduce-scatter costs more 
 all-reduce (25 MB, 4 ranks: 33-36 ms against 22-24 ms per call, the copy of its input) and
 its all-gather more than ``D`` broadcasts (19-20 against 9-10 ms); with the standard forms
 ZeRO-2 used 436-480 ms of CPU per step against PyTorch's 367-412 ms, with the gloo forms
-374 ms against 367 ms (the same launch).
+374 ms against 367 ms (the same launch). ZeRO-2 keeps a bucket's full-size buffer only while
+it is reduced (its gradient-memory saving), and with glibc's defaults each step's fresh buffers
+took 9,200-15,600 minor page faults per rank (``ru_minflt``; ZeRO-1 3-5, PyTorch 12-20) and
+ZeRO-2's CPU per step was 397-404 ms against ZeRO-1's 337-375. :func:`run` therefore applies
+:func:`shardlab.testing.steady_malloc` (glibc keeps freed memory in its heap, the CPU
+counterpart of CUDA's caching allocator) on every side alike: ZeRO-2's faults fell to 2-4 per
+step and its CPU to 357-385 ms; ZeRO-1's and PyTorch's did not change (4 ranks, 25m).
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ import statistics
 # modules the same way (the launcher passes its sys.path on)
 from shardlab.benchresults import add_arguments, load_average, write_results
 from shardlab.runtime.allocator_peak import allocator_peak
-from shardlab.testing import bench_steps, compare_launches, median_range
+from shardlab.testing import bench_steps, compare_launches, median_range, steady_malloc
 
 # Overrides of shardlab.models.SIZES["bench"] (vocab 256, seq 32, 4 layers, d_model 128).
 BENCH_SIZES: dict[str, dict[str, int]] = {
@@ -135,6 +141,9 @@ def run(
     from shardlab.models import OPTIMIZERS, rank_slice, step_batch, tiny_gpt, train_step
 
     torch.set_num_threads(1)
+    # every side alike: freed buffers stay in the heap (ZeRO-2 frees its bucket buffers after
+    # each reduce; with glibc's defaults it re-faulted 36-61 MB of pages per step, see above)
+    steady_malloc()
     bucket = BUCKET_MB[size] if bucket_size_mb is None else bucket_size_mb
     runs = {impl: _build(impl, size, bucket) for impl in IMPLS}
     # the compute floor: the same model, batch and AdamW step on this rank with no

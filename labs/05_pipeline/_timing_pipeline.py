@@ -25,26 +25,15 @@ from shardlab.runtime.launch import _cores
 
 
 def _steady_malloc() -> None:
-    """Keep freed activation memory for the next step (glibc, Linux only).
+    """Keep freed activation memory for the next step (:func:`shardlab.testing.steady_malloc`).
 
-    PyTorch's CPU allocator has no cache: tensors come from glibc's malloc. By default glibc
-    returns the top of its heap to the kernel once a step frees its activations, so every step
-    takes page faults (the kernel zeroing pages, charged to the computing thread) to grow it
-    again — the more so the more microbatches a schedule keeps alive (GPipe: all m). The
-    warm-up step then no longer warms anything up. Fixing the thresholds keeps the memory:
-    measured steps reuse it and an action's CPU time is its computation."""
-    import ctypes
-    import sys
+    By default glibc returns the top of its heap to the kernel once a step frees its
+    activations, so every step takes page faults to grow it again — the more so the more
+    microbatches a schedule keeps alive (GPipe: all m). The warm-up step then no longer warms
+    anything up; with the memory kept, an action's CPU time is its computation."""
+    from shardlab.testing import steady_malloc
 
-    if sys.platform != "linux":
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's largest: serve (b, s, 4h) from the heap
-    libc.mallopt(m_trim_threshold, 1 << 30)  # never shrink the heap between steps
+    steady_malloc()
 
 
 def _pin_to_core() -> None:

@@ -8,6 +8,8 @@
 * :func:`interleaved_times` -- seconds of every step of several implementations, alternating
   step by step after a barrier, so that load from other processes hits them alike;
   :func:`timed_steps` -- seconds of training steps of one model.
+* :func:`steady_malloc` -- keep freed memory in glibc's heap between steps (the CPU
+  counterpart of CUDA's caching allocator), so that timed steps do not pay page faults.
 * :func:`compare_launches` and :func:`median_range` -- the repeated launches of a benchmark
   against PyTorch's own implementation (``benchmark_<topic>.py``'s ``main()``): the checks, the
   header, the per-rank table, and ratios as median [min-max] over the launches.
@@ -28,10 +30,34 @@ __all__ = [
     "compare_launches",
     "interleaved_times",
     "median_range",
+    "steady_malloc",
     "stub_or_raise",
     "timed_steps",
     "ulps",
 ]
+
+
+def steady_malloc() -> None:
+    """Keep freed memory for the next step (glibc, Linux only; elsewhere nothing).
+
+    PyTorch's CPU allocator has no cache: tensors come from glibc's malloc. By default glibc
+    serves large blocks with fresh mappings and returns the top of its heap to the kernel, so
+    a step that frees and re-allocates large buffers takes page faults (the kernel zeroing
+    pages, charged to the computing thread) every time; CUDA's caching allocator keeps them.
+    Fixing the thresholds keeps the memory: measured steps reuse it. Applied to every side of
+    a benchmark alike (lab 05's timing runs, lab 03's ZeRO benchmark)."""
+    import ctypes
+    import sys
+
+    if sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's largest: serve big blocks from the heap
+    libc.mallopt(m_trim_threshold, 1 << 30)  # never shrink the heap between steps
 
 
 def ulps(a, b) -> int:
