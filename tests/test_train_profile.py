@@ -45,7 +45,7 @@ def test_bad_profile_folder_is_one_sentence(capsys, tmp_path):
     for argv, words in (
         (["--profile", str(afile)], [str(afile), "is a file"]),
         (["--profile", str(afile / "sub")], [str(afile / "sub"), "not a folder"]),
-        (["--profile", str(tmp_path), "--steps", "3"], ["at least 4 steps", "steps=3"]),
+        (["--profile", str(tmp_path), "--steps", "3"], ["at least 4 steps", "--steps 3"]),
     ):
         assert main(["train", "--layout", "ddp", *argv]) == 2
         out = capsys.readouterr()
