@@ -39,7 +39,7 @@ from shardlab.grading import _jobs as jobs
 from shardlab.grading._collect import PYTEST_INI, collect_cases
 from shardlab.grading.release_guard import MARKER
 from shardlab.grading.rubric import load_rubric
-from test_cli_inputs_property import SETTINGS, _number_text, _sub
+from test_cli_inputs_property import SETTINGS, _alarm, _number_text, _sub
 
 SECONDS = 10.0  # per case: release takes ~0.2 s, a faked grade ~0.5 s on an idle machine
 MAX_GROWTH_KB = 512 * 1024  # how far one case may raise this process's peak memory (RSS)
@@ -112,14 +112,6 @@ def argv(draw, command: str) -> list[str]:
     for action in draw(st.lists(st.sampled_from(may), max_size=4, unique_by=id)):
         out += draw(_value(action))
     return out
-
-
-class _TooSlow(Exception):
-    pass
-
-
-def _alarm(signum, frame):
-    raise _TooSlow(f"no answer within {SECONDS} s")
 
 
 def _run(args: list[str]) -> tuple[int, str, str, int]:

@@ -11,7 +11,7 @@ Tolerances, and why:
   stages' halves) within 25 % of each other. The work is equal; what differs is the core a rank runs on (the 2 cores of this
   machine are shared with other jobs; spreads of 0-20 % were seen on one run, a few % typical).
   GPipe's forward is checked too since the ranks keep glibc's heap between steps
-  (``_timing_pipeline._steady_malloc``): before, its 8 back-to-back forwards took page faults
+  (``shardlab.testing.steady_malloc``, called by ``_timing_pipeline._timing_rank``): before, its 8 back-to-back forwards took page faults
   to regrow the heap every step and cost one rank up to 40 % more CPU time than the other;
   now 4-5 % was seen;
 * simulator fed the run's own per-action costs against the measured makespan: the median of

@@ -22,18 +22,7 @@ from _workers_pipeline import SCHEDULES, THREADS, build, config, microbatches
 from shardlab.accounting import pipeline as acc
 from shardlab.accounting.pipeline_cores import simulate_shared
 from shardlab.runtime.launch import _cores
-
-
-def _steady_malloc() -> None:
-    """Keep freed activation memory for the next step (:func:`shardlab.testing.steady_malloc`).
-
-    By default glibc returns the top of its heap to the kernel once a step frees its
-    activations, so every step takes page faults to grow it again — the more so the more
-    microbatches a schedule keeps alive (GPipe: all m). The warm-up step then no longer warms
-    anything up; with the memory kept, an action's CPU time is its computation."""
-    from shardlab.testing import steady_malloc
-
-    steady_malloc()
+from shardlab.testing import steady_malloc
 
 
 def _pin_to_core() -> None:
@@ -60,7 +49,7 @@ def _timing_rank() -> None:
     intra-op thread (a busy rank never waits for a thread of its own), glibc's heap kept
     between steps, and its threads bound to a core of its own where there are enough."""
     torch.set_num_threads(THREADS)
-    _steady_malloc()
+    steady_malloc()  # freed activations stay mapped: an action's CPU time is its computation
     _pin_to_core()
 
 
