@@ -75,6 +75,12 @@ CASES = [
      "m (rows) = 1e+30, k = 4,096, n = 4,096, peak (TFLOP/s) = 1e-300", ["inf"]),
     (W.roofline_calculator, {"peak_tflops": 1e-300, "cap": 1e-300}, "cap = 1e-300 would be",
      ["unexpected", "ZeroDivisionError"]),
+    # a count typed past 2^53 is refused with the digits typed, not a float's (...680)
+    (W.memory_calculator, {"n_params": "123456789012345678"},
+     "N (parameters) = 123,456,789,012,345,678 is larger than 2^53", ["680"]),
+    (W.memory_calculator, {"n_params": "1.23456789012345678e17"},
+     "N (parameters) = 123,456,789,012,345,678 is larger than 2^53", ["680", "e+17"]),
+    (W.memory_calculator, {"n_params": "1e400"}, "N (parameters) = 1e400 is too large", ["inf"]),
     # a product of degrees is written with the labels, in the mesh calculator as on its page
     (W.mesh_calculator, {"G": 16, "dp": 4, "tp": 2, "pp": 2, "cp": 2},
      "D (data) × t (tensor) × p (pipeline) × c (context) = 4 × 2 × 2 × 2 = 32", ["dp*", "*cp"]),

@@ -9,6 +9,7 @@ Nothing here computes a byte count; it only reads and prints numbers that
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -22,6 +23,10 @@ EXACT = 2**53  # a float holds every integer up to here, and about 16 digits bey
 def parse_number(name: str, value: Any) -> int | float:
     """Parse ``7e9``, ``7_000_000_000`` or ``1.5e9`` into an int when integral, else a float.
 
+    Typed text that is a whole number (``123456789012345678``, ``1.5e3``) becomes that exact
+    ``int``; a Python float does when integral and at most 2^53 (where every integer is
+    exact), else it stays a ``float``.
+
     Raises ValueError with a sentence naming ``name`` and the value.
     """
     if isinstance(value, bool):
@@ -33,12 +38,22 @@ def parse_number(name: str, value: Any) -> int | float:
     else:
         text = str(value).strip().replace("_", "").replace(",", "")
         try:
-            x = float(text)
-        except ValueError:
+            exact = decimal.Decimal(text)
+        except decimal.InvalidOperation:
             raise ValueError(f"{name}={value!r} is not a number") from None
+        # a whole number is read exactly, digits as typed (1.23456789012345678e17 is
+        # 123,456,789,012,345,678, not the float's ...680); past 10^30 every input is refused
+        # as too large anyway, so its digits are not spelled out
+        if exact.is_finite() and exact == exact.to_integral_value() and exact.adjusted() <= 30:
+            return int(exact)
+        x = float(text)
+        if exact.is_finite() and not math.isfinite(x):  # 1e400: typed finite, past a float
+            raise ValueError(f"{name}={text} is too large to compute with")
     if not math.isfinite(x):
         raise ValueError(f"{name}={value!r} is not a finite number")
-    if x.is_integer() and abs(x) < 2**62:
+    # a float past 2^53 no longer holds the digits it came from: it stays a float, so a
+    # sentence shows it as a float, not with invented digits
+    if x.is_integer() and abs(x) <= EXACT:
         return int(x)
     return x
 
