@@ -300,6 +300,17 @@
     check();
   }
 
+  // A field sized for a 13 px sans-serif value of about ten characters (shardlab.widgets.
+  // _fields.field_width) grows when its value is wider: a reader's system font may be wider
+  // (chapter 3's "size V (bytes)" cut 14000000000 by 8 px here), or a longer number is typed.
+  function fitFields(root) {
+    for (const input of root.querySelectorAll(".widget-text input")) {
+      const extra = input.scrollWidth - input.clientWidth;
+      const box = input.closest(".widget-inline-hbox");
+      if (extra > 1 && box) box.style.width = box.getBoundingClientRect().width + extra + 2 + "px";
+    }
+  }
+
   // A comm as @jupyter-widgets/base expects one, carried by direct calls into Python.
   class PageComm {
     constructor(commId, targetName, deliver) {
@@ -436,6 +447,7 @@
       tag.parentElement.insertBefore(holder, tag);
       tag.parentElement.classList.add("shardlab-has-live");
       await manager.display_view(view, holder);
+      holder.addEventListener("input", () => fitFields(holder));
       let replayed = 0;
       for (const el of tag.parentElement.querySelectorAll(
         ":scope > .widget-subarea:not(.shardlab-live-view)",
@@ -468,6 +480,8 @@
       live.same[id] = checked[id];
       if (checked[id] === false && note.dataset.state === "ready") note.textContent += DIFFERS;
     }
+    // a box's fields render after display_view resolves: fit them once all are on the page
+    for (const holder of document.querySelectorAll(".shardlab-live-view")) fitFields(holder);
     live.verified = true;
   }
 
