@@ -78,9 +78,11 @@ $(WIDGET_STAMP): tools/fetch_widget_js.sh
 	bash tools/fetch_widget_js.sh $(WIDGET_JS)
 
 # Runs every build: with a warm cache it uses no network and rewrites only changed files
-# (the shardlab wheel follows pkg/shardlab).
+# (the shardlab wheel follows pkg/shardlab); then the Python snapshot a first visit restores
+# is made in headless Chromium when the lock file changed (skipped without Chromium).
 live-js: venv
 	$(PY) tools/build_live.py --dest $(LIVE_DIR) --cache $(LIVE_CACHE)
+	$(PY) tools/build_snapshot.py --dest $(LIVE_DIR)
 
 # --- book --------------------------------------------------------------------------------
 

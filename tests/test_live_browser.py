@@ -28,6 +28,7 @@ tests are skipped, unless ``SHARDLAB_REQUIRE_BROWSER=1`` (set by ``.ci/run``) ma
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -430,10 +431,13 @@ def test_chart_labels_of_huge_values_stay_visible(ctx, site, page_path, title, l
 
 def test_load_time_cold_and_repeat(browser_type, browser_type_launch_args, site_answers,
                                    tmp_path):
-    """A repeat visit downloads nothing big again (every runtime file, Pyodide's wasm and the
-    wheels, comes from the browser's cache or is answered 304) and restores the Python memory
-    snapshot the first visit stored instead of starting Python; so does the first visit to
-    another calculator page (the snapshot belongs to the build, not to a page). Timed, not
+    """The first visit restores the Python memory snapshot the book ships
+    (``tools/build_snapshot.py``, named in ``pyodide/python-memory.json``) instead of starting
+    Python, and stores it in Cache Storage; a repeat visit downloads nothing big again (every
+    runtime file, Pyodide's wasm, the wheels and the snapshot, comes from the browser's cache or
+    is answered 304) and restores the stored copy; so does the first visit to another
+    calculator page (the snapshot belongs to the build, not to a page). A build without
+    Chromium ships none: then the first visit starts Python and stores its own. Timed, not
     asserted on time (a speed target is a benchmark's, and these machines are noisy): the
     figures are printed. A persistent profile, as a reader's browser has: an ephemeral
     context keeps its cache in memory and does not keep an entry as large as the 9 MB wasm
@@ -454,7 +458,8 @@ def test_load_time_cold_and_repeat(browser_type, browser_type_launch_args, site_
         phases.append(live["phases"])
         # the first visit stores Python's memory snapshot once live; wait for it
         page.wait_for_function("() => window.shardlabLive.snapshot.stored || "
-                               "window.shardlabLive.snapshot.restored || "
+                               "(window.shardlabLive.snapshot.restored && "
+                               "!window.shardlabLive.snapshot.shipped) || "
                                "window.shardlabLive.snapshot.error", timeout=60000)
         snapshots.append(page.evaluate("window.shardlabLive.snapshot"))
         navs.append(page.evaluate(
@@ -464,7 +469,7 @@ def test_load_time_cold_and_repeat(browser_type, browser_type_launch_args, site_
         page.close()
         visits.append(answered[start:])
     context.close()
-    big = (".wasm", ".whl", ".zip", "pyodide.asm.js")
+    big = (".wasm", ".whl", ".zip", "pyodide.asm.js", ".bin.gz")
     got = [[path for path, code in v if path.split("?")[0].endswith(big) and code == 200] for v in visits]
     print(f"\nfirst live result, navigation start -> live: cold {times[0]:.1f} s, repeat visit "
           f"{times[1]:.1f} s, first visit to chapter 10 after them {times[2]:.1f} s, the next "
@@ -477,6 +482,13 @@ def test_load_time_cold_and_repeat(browser_type, browser_type_launch_args, site_
     assert got[0], "the cold visit downloaded no runtime file: the check would prove nothing"
     assert all(g == [] for g in got[1:]), f"downloaded again on a later visit: {got[1:]}"
     assert snapshots[0].get("stored", 0) > 0, f"the first visit stored no Python snapshot: {snapshots[0]}"
+    manifest = json.loads((lp.SITE / "_static/shardlab-live/pyodide/python-memory.json").read_text())
+    if manifest["file"]:  # the build ships a snapshot: the first visit restored it
+        assert snapshots[0].get("shipped") and snapshots[0]["restored"] == snapshots[0]["stored"], (
+            snapshots[0])
+    else:
+        print("this build ships no Python snapshot (made without Chromium)")
+    assert not any(s.get("shipped") for s in snapshots[1:]), snapshots
     for later in snapshots[1:]:
         assert later.get("restored") == snapshots[0]["stored"] and "error" not in later, (
             f"a later visit did not restore the stored snapshot: {snapshots}")

@@ -211,6 +211,11 @@ def wheel_entry(file_name: str, data: bytes) -> dict:
     }
 
 
+def snapshot_manifest(file_name: str | None) -> bytes:
+    """``pyodide/python-memory.json``: the shipped Python snapshot's file name, or null."""
+    return (json.dumps({"file": file_name}) + "\n").encode()
+
+
 def write_if_changed(path: Path, data: bytes) -> bool:
     if path.exists() and path.read_bytes() == data:
         return False
@@ -240,10 +245,16 @@ def build(dest: Path, cache: Path) -> dict[str, bytes]:
     out["pyodide/pyodide-lock.json"] = (json.dumps(lock, indent=1, sort_keys=True) + "\n").encode()
 
     root = dest / "shardlab-live"
+    # the Python snapshot of this lock file (tools/build_snapshot.py) stays, another's goes;
+    # python-memory.json names it for the page (null: none, and the page asks for none)
+    snapshot = "python-memory-" + hashlib.sha256(out["pyodide/pyodide-lock.json"]).hexdigest()
+    snapshot = f"pyodide/{snapshot}.bin.gz"
+    shipped = (root / snapshot).is_file()
+    out["pyodide/python-memory.json"] = snapshot_manifest(Path(snapshot).name if shipped else None)
     changed = [rel for rel, data in out.items() if write_if_changed(root / rel, data)]
     for path in sorted(root.rglob("*"), reverse=True):  # drop files no longer produced
         rel = path.relative_to(root).as_posix()
-        if path.is_file() and rel not in out:
+        if path.is_file() and rel not in out and rel != snapshot:
             path.unlink()
         elif path.is_dir() and not any(path.iterdir()):
             path.rmdir()

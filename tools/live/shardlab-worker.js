@@ -9,7 +9,9 @@
  *
  * Messages from the page (each an object with a "type"):
  *   start {pyBase}             start Python: restore the memory snapshot a previous visit
- *                              stored in Cache Storage, or start it, install the wheels of
+ *                              stored in Cache Storage, or the one the book ships
+ *                              (python-memory-<lock sha256>.bin.gz, tools/build_snapshot.py),
+ *                              or start it, install the wheels of
  *                              pyodide-lock.json, import what the calculators need
  *                              (shardlab.widgets.live.preload) and copy Python's memory
  *   rebuild {state, views}     (may come before ready: it waits for Python)
@@ -56,6 +58,25 @@ async function readSnapshot(key) {
   return hit ? new Uint8Array(await hit.arrayBuffer()) : null;
 }
 
+// The snapshot the book ships (tools/build_snapshot.py: made at build time the same way a first
+// visit makes one, gzipped) under the cache key's name + ".gz", when python-memory.json names
+// that file (null: the build has none, and nothing is requested); else null.
+async function readShipped(pyBase, key) {
+  try {
+    const manifest = await (await fetch(pyBase + "python-memory.json")).json();
+    if (!manifest.file || pyBase + manifest.file !== key + ".gz" || !self.DecompressionStream) {
+      return null;
+    }
+    const r = await fetch(key + ".gz");
+    if (!r.ok) return null;
+    const raw = r.body.pipeThrough(new DecompressionStream("gzip"));
+    return new Uint8Array(await new Response(raw).arrayBuffer());
+  } catch (err) {
+    console.warn("shardlab live: the shipped Python snapshot did not load; starting Python", err);
+    return null;
+  }
+}
+
 async function storeSnapshot() {
   if (!snapshotToStore) return 0;
   const [key, bytes] = snapshotToStore;
@@ -86,6 +107,7 @@ async function start(pyBase) {
   const snapshot = {};
   let key = null;
   let saved = null;
+  let shipped = false;
   try {
     key = await snapshotKey(pyBase, lockText);
     saved = await readSnapshot(key);
@@ -93,11 +115,20 @@ async function start(pyBase) {
   } catch (err) {
     snapshot.error = String(err); // no Cache Storage (not a secure context): start Python
   }
+  if (!saved && key) {
+    saved = await readShipped(pyBase, key);
+    shipped = saved !== null;
+    if (shipped) phase("snapshot-shipped");
+  }
   if (saved) {
     try {
       py = await loadPyodide({ ...common, _loadSnapshot: saved });
       live = py.pyimport("shardlab.widgets.live"); // imported before the snapshot
       snapshot.restored = saved.length;
+      if (shipped) {
+        snapshot.shipped = true;
+        snapshotToStore = [key, saved]; // later visits read it from Cache Storage, unzipped
+      }
       phase("pyodide+wheels");
       return snapshot;
     } catch (err) {
