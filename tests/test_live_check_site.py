@@ -116,3 +116,32 @@ def test_missing_pyodide_core_fails(site, capsys):
     (site / "_static" / "shardlab-live" / "pyodide" / "pyodide.asm.wasm").unlink()
     rc, err = run(site, capsys)
     assert rc == 1 and "pyodide.asm.wasm is missing" in err
+
+
+def _manifest(site: Path, name: str) -> Path:
+    pyodide = site / "_static" / "shardlab-live" / "pyodide"
+    (pyodide / "python-memory.json").write_text(json.dumps({"file": name}))
+    return pyodide
+
+
+def test_shipped_snapshot_of_this_lock_file_passes(site, capsys):
+    pyodide = site / "_static" / "shardlab-live" / "pyodide"
+    digest = hashlib.sha256((pyodide / "pyodide-lock.json").read_bytes()).hexdigest()
+    _manifest(site, f"python-memory-{digest}.bin.gz")
+    (pyodide / f"python-memory-{digest}.bin.gz").write_bytes(b"gz")
+    assert run(site, capsys)[0] == 0
+    (pyodide / f"python-memory-{digest}.bin.gz").unlink()  # named, but not shipped
+    rc, err = run(site, capsys)
+    assert rc == 1 and "which is missing" in err
+
+
+def test_snapshot_of_another_lock_file_fails(site, capsys):
+    pyodide = _manifest(site, "python-memory-" + "0" * 64 + ".bin.gz")
+    (pyodide / ("python-memory-" + "0" * 64 + ".bin.gz")).write_bytes(b"gz")
+    rc, err = run(site, capsys)
+    assert rc == 1 and "not this lock file's" in err
+
+
+def test_no_snapshot_named_passes(site, capsys):
+    _manifest(site, None)
+    assert run(site, capsys)[0] == 0

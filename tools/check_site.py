@@ -139,7 +139,8 @@ def check_page(page: Path, root: Path) -> tuple[list[str], bool]:
 
 
 def check_live_runtime(root: Path) -> list[str]:
-    """Pyodide core files present; every wheel of the lock file present with its sha256."""
+    """Pyodide core files present; every wheel of the lock file present with its sha256; the
+    Python snapshot ``python-memory.json`` names present and of this lock file."""
     folder = root / LIVE_DIR / "pyodide"
     problems = [
         f"{LIVE_DIR}/pyodide/{name} is missing"
@@ -163,6 +164,17 @@ def check_live_runtime(root: Path) -> list[str]:
                 f"lock file package {name}: {entry['file_name']} has sha256 {digest}, "
                 f"the lock file says {entry['sha256']}"
             )
+    # the shipped Python snapshot (tools/build_snapshot.py), when the manifest names one: it
+    # must be there (the page would ask for it) and belong to this lock file (the page would
+    # ignore another and start Python on every first visit)
+    manifest = folder / "python-memory.json"
+    named = json.loads(manifest.read_text()).get("file") if manifest.is_file() else None
+    if named:
+        want = f"python-memory-{hashlib.sha256(lock_path.read_bytes()).hexdigest()}.bin.gz"
+        if named != want:
+            problems.append(f"python-memory.json names {named}, not this lock file's {want}")
+        elif not (folder / named).is_file():
+            problems.append(f"python-memory.json names {named}, which is missing")
     return problems
 
 
