@@ -154,9 +154,12 @@
   document.addEventListener("DOMContentLoaded", mathjaxHubShim);
   if (document.readyState !== "loading") mathjaxHubShim();
 
+  // The document is parsed (every calculator's view tag exists): the live views can replace
+  // the stored ones now, not after the deferred scripts (MathJax, the theme's) have run and
+  // DOMContentLoaded fired, 0.3-0.4 s later on a 2-core machine.
   const domReady = new Promise((resolve) => {
     if (document.readyState !== "loading") resolve();
-    else document.addEventListener("DOMContentLoaded", () => resolve());
+    else document.addEventListener("readystatechange", () => resolve(), { once: true });
   });
   const pageLoaded = new Promise((resolve) => {
     if (document.readyState === "complete") resolve();
@@ -397,6 +400,7 @@
     const rebuilt = rebuiltEarly; // started before the page was parsed (above)
     const htmlManager = await managerReady;
     phase("manager");
+    mathjaxHubShim(); // MathJax may not have run yet: its Hub call is then a no-op
     const manager = new htmlManager.HTMLManager({
       loader: (name) => Promise.reject(new Error(`shardlab live: no widget module ${name}`)),
     });
