@@ -37,13 +37,13 @@
   const VIEW_MIME = "application/vnd.jupyter.widget-view+json";
   // Navigation start to the first live result, measured by tests/test_live_browser.py
   // (test_load_time_cold_and_repeat) in headless Chromium on an idle 2-core machine (README,
-  // "Live calculators", 2026-12-07, nine runs): 2.1-3.2 s on a first visit, which restores the
+  // "Live calculators", 2026-12-07, eight runs): 2.5-3.0 s on a first visit, which restores the
   // Python snapshot the book ships (6.8-7.7 s on the same machine when it started Python),
-  // 1.9-2.6 s on a later one (chapter 10: 2.8-4.5 s); 40-75 s were measured with both cores
+  // 1.5-2.4 s on a later one (chapter 10: 2.2-4.6 s); 40-75 s were measured with both cores
   // kept busy by other programs. Downloads: 14.1 MB of runtime and the 8.0 MB snapshot.
   const EXPECTED =
     "measured on a 2-core machine: about 3 s the first time, 2 s on a later visit " +
-    "(chapter 10: 4 s), up to a minute while other programs keep it busy; " +
+    "(chapter 10: 3.5 s), up to a minute while other programs keep it busy; " +
     "22 MB is downloaded the first time, nothing on a later visit";
   // A runtime file that never arrives can leave Pyodide waiting forever: give up after this
   // long and keep the stored views (tests shorten it with window.shardlabLiveTimeoutMs).
