@@ -127,7 +127,7 @@ def hsdp_replicate_traffic(
     carry this rank's gradient shard ``grad_bytes / shard`` across ``replicas`` ranks.
 
     ``count``: 1 (one flat shard), or one per unit/layer (ZeRO-3, FSDP2); the bytes do not
-    depend on it, the latency term does. The planner (``layout_cost.dp_seconds_bytes``) calls
+    depend on it, the latency term does. The planner (``layout_zero.dp_seconds_bytes``) calls
     :func:`_replicate_traffic`, the same arithmetic without the checks.
     """
     each = grad_bytes / shard / count

@@ -24,9 +24,9 @@ import functools
 import math
 
 from . import comm
-from .layout_cost import (
-    _activations,
-    _layer_times,
+from .layout_cost import _activations, _layer_times
+from .layout_types import ZERO_LAYOUTS, _inflight, _inside
+from .layout_zero import (
     _params_per_rank,
     dp_groups,
     dp_ops,
@@ -34,7 +34,6 @@ from .layout_cost import (
     stage_params,
     stage_states,
 )
-from .layout_types import ZERO_LAYOUTS, _inflight, _inside
 from .memory import get_recipe, model_state
 from .peak import logits_workspace
 
