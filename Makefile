@@ -93,6 +93,9 @@ prereqs-%:
 
 book-build: prereqs-book venv widget-js live-js
 	$(if $(strip $(JUPYTERHUB_URL)),$(PY) tools/hub_config.py "$(JUPYTERHUB_URL)" $(HUB_CONFIG))
+	@# Sphinx copies static files over the old ones and never removes any: a previous build's
+	@# 8 MB Python snapshot (another lock file's name) would stay in the published site
+	rm -rf $(HTML)/_static/shardlab-live
 	$(JB_BUILD)
 	$(PY) tools/check_site.py $(HTML)
 
