@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import threading
 from pathlib import Path
@@ -25,30 +26,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from build_snapshot import CHROMIUM_ARGS, chromium_path  # noqa: E402,F401  (one copy: the book build's)
+
 SITE = ROOT / "_build" / "html"
 AXE_VERSION = "4.14.1"
 AXE_TGZ_SHA256 = "e6b0ce02b84d892e2e33e403485e7f3d6c29e2be6df65daf44d89ba564139745"
 AXE_CACHE = ROOT / ".cache" / "axe"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--no-default-browser-check",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-extensions",
-    "--disable-dev-shm-usage",
-    # every host name fails to resolve; only the IP literal of the local server works
-    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-]
-
-
-def chromium_path() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if found := shutil.which(name):
-            return found
-    return None
 
 
 def require_chromium() -> str:

@@ -211,6 +211,12 @@ def wheel_entry(file_name: str, data: bytes) -> dict:
     }
 
 
+def snapshot_name(lock_bytes: bytes) -> str:
+    """The shipped Python snapshot's file name (``tools/build_snapshot.py``): the lock file's
+    SHA-256, as the worker's ``snapshotKey`` makes it, so another build's is never restored."""
+    return f"python-memory-{hashlib.sha256(lock_bytes).hexdigest()}.bin.gz"
+
+
 def snapshot_manifest(file_name: str | None) -> bytes:
     """``pyodide/python-memory.json``: the shipped Python snapshot's file name, or null."""
     return (json.dumps({"file": file_name}) + "\n").encode()
@@ -247,8 +253,7 @@ def build(dest: Path, cache: Path) -> dict[str, bytes]:
     root = dest / "shardlab-live"
     # the Python snapshot of this lock file (tools/build_snapshot.py) stays, another's goes;
     # python-memory.json names it for the page (null: none, and the page asks for none)
-    snapshot = "python-memory-" + hashlib.sha256(out["pyodide/pyodide-lock.json"]).hexdigest()
-    snapshot = f"pyodide/{snapshot}.bin.gz"
+    snapshot = "pyodide/" + snapshot_name(out["pyodide/pyodide-lock.json"])
     shipped = (root / snapshot).is_file()
     out["pyodide/python-memory.json"] = snapshot_manifest(Path(snapshot).name if shipped else None)
     changed = [rel for rel, data in out.items() if write_if_changed(root / rel, data)]

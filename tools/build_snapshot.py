@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import base64
 import functools
-import hashlib
 import http.server
 import shutil
 import sys
@@ -38,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
-from build_live import snapshot_manifest  # noqa: E402
+from build_live import snapshot_manifest, snapshot_name  # noqa: E402
 
 # A page that runs the worker as a first visit does and hands back its snapshot, gzipped.
 PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>snapshot</title></head><body>
@@ -69,9 +68,28 @@ worker.postMessage({ type: "start", pyBase: base });
 """
 
 
-def snapshot_name(lock_bytes: bytes) -> str:
-    """The file name the worker asks for: the lock file's SHA-256, as ``snapshotKey`` makes it."""
-    return f"python-memory-{hashlib.sha256(lock_bytes).hexdigest()}.bin.gz"
+# headless Chromium as this project runs it (here and in tests/_live_page.py): no sandbox
+# (CI runs as root), nothing that phones home, every host name but the local server unresolvable
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--disable-dev-shm-usage",
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+]
+
+
+def chromium_path() -> str | None:
+    """The system Chromium (Debian's ``chromium``), or None."""
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if found := shutil.which(name):
+            return found
+    return None
 
 
 def _serve(root: Path):
@@ -108,8 +126,7 @@ def build(dest: Path, timeout_s: float = 300.0) -> Path | None:
         manifest.write_bytes(snapshot_manifest(out.name))
         print(f"build_snapshot: {out.name} is current")
         return out
-    exe = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")
-                if shutil.which(n)), None)
+    exe = chromium_path()
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -122,11 +139,7 @@ def build(dest: Path, timeout_s: float = 300.0) -> Path | None:
     server = _serve(dest)
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(
-                executable_path=exe, headless=True,
-                args=["--no-sandbox", "--disable-gpu",
-                      "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"],
-            )
+            browser = p.chromium.launch(executable_path=exe, headless=True, args=CHROMIUM_ARGS)
             page = browser.new_page()
             page.goto(f"http://127.0.0.1:{server.server_address[1]}/snapshot.html")
             page.wait_for_function("window.done !== null", timeout=timeout_s * 1000)

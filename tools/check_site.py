@@ -39,6 +39,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import urlsplit
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build_live import snapshot_name  # noqa: E402  (the shipped snapshot's one name rule)
+
 URL_ATTRS = {
     "script": ("src",),
     "link": ("href",),
@@ -170,7 +173,7 @@ def check_live_runtime(root: Path) -> list[str]:
     manifest = folder / "python-memory.json"
     named = json.loads(manifest.read_text()).get("file") if manifest.is_file() else None
     if named:
-        want = f"python-memory-{hashlib.sha256(lock_path.read_bytes()).hexdigest()}.bin.gz"
+        want = snapshot_name(lock_path.read_bytes())
         if named != want:
             problems.append(f"python-memory.json names {named}, not this lock file's {want}")
         elif not (folder / named).is_file():

@@ -49,6 +49,7 @@ from .layout_types import (
     _Opts,
     divisors,
     hsdp_replicas,
+    zero_choices,
 )
 from .pipeline import idle_fraction
 
@@ -144,17 +145,17 @@ def geometry_rejection(model, cl, D, t, p, c, o: _Opts, sp: bool) -> Rejection |
 
 def chunk_rejection(model, D, t, p, c, vv, m, o: _Opts, sp: bool) -> Rejection | None:
     if p * vv > model.layers:
-        return Rejection(Layout(D, t, p, c, None, None, None, m, vv, sp), "too many stages",
-                         f"p*v = {p}*{vv} = {p * vv} virtual stages > layers={model.layers}")
-    if vv > 1 and m % p:
-        return Rejection(Layout(D, t, p, c, None, None, None, m, vv, sp), "divisibility",
-                         f"interleaving (v={vv}) needs p={p} to divide m={m}")
-    idle = idle_fraction(p, m, vv)
-    if idle > o.max_bubble:
-        return Rejection(Layout(D, t, p, c, None, None, None, m, vv, sp), "bubble too large",
-                         f"idle fraction {idle:.1%} of p={p}, m={m}, v={vv} exceeds "
-                         f"max_bubble={o.max_bubble:.0%}")
-    return None
+        why = ("too many stages",
+               f"p*v = {p}*{vv} = {p * vv} virtual stages > layers={model.layers}")
+    elif vv > 1 and m % p:
+        why = ("divisibility", f"interleaving (v={vv}) needs p={p} to divide m={m}")
+    else:
+        idle = idle_fraction(p, m, vv)
+        if idle <= o.max_bubble:
+            return None
+        why = ("bubble too large", f"idle fraction {idle:.1%} of p={p}, m={m}, v={vv} exceeds "
+               f"max_bubble={o.max_bubble:.0%}")
+    return Rejection(Layout(D, t, p, c, None, None, None, m, vv, sp), *why)
 
 
 def ep_rejection(model, D, t, p, c, vv, ep, m, sp: bool) -> Rejection | None:
@@ -243,7 +244,7 @@ def search_space(model, cl, o: _Opts, max_c: int, min_s: int, sp: bool | None, h
         vs = [(vv, chunk_rejection(model, D, t, p, c, vv, m, o, spv)) for vv in vs_of[p]]
         n = sum(rj is None for _, rj in vs) * sum(rj is None for rj in why.values())
         reps = len(hsdp_replicas(D, c)) if hsdp else 0
-        zeros = 5 if D * c > 1 or model.experts > 1 else 1  # ZeRO-0..3, ZeRO-3 kept
+        zeros = len(zero_choices(D, c, model.experts))  # ZeRO-0..3, ZeRO-3 kept
         # at most 3 recompute modes per ZeRO stage, and the fastest HSDP split that fits
         n_layouts += n * (3 * zeros + (3 * (zeros - 1) if reps else 0))
         splits += n * reps

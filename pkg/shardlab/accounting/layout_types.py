@@ -208,6 +208,13 @@ def _inside(stride: int, size: int, node: int) -> bool:
     return size == 1 or (span <= node and node % span == 0)
 
 
+def zero_choices(D: int, c: int, experts: int) -> tuple:
+    """The ZeRO stages a cell is costed with: 0-3 and ZeRO-3 kept gathered (``(3, False)``),
+    or ZeRO-0 alone when nothing is sharded (``D c = 1`` and no experts: ZeRO-1/2/3 would be
+    ZeRO-0 again)."""
+    return (*ZERO_LAYOUTS, (3, False)) if D * c > 1 or experts > 1 else (0,)
+
+
 def hsdp_replicas(D: int, c: int) -> list[int]:
     """Replica counts of the hybrid-sharded layouts searched for a data degree ``D``: every
     divisor ``R`` of ``D`` above 1 whose shard group (``D / R`` data ranks and the ``c``

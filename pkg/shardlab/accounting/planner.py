@@ -92,6 +92,7 @@ from .layout_types import (
     hsdp_replicas,
     inflight_chunks,
     recompute_scratch,
+    zero_choices,
 )
 
 __all__ = [
@@ -312,9 +313,7 @@ def plan(
         lambda n, splits: full is False or (full is None and work(n, splits) > EXACT_WORK))
 
     def zeros_of(i: int) -> tuple:
-        D, c = cells[i][0], cells[i][3]
-        # nothing to shard over one rank: ZeRO-1/2/3 would be ZeRO-0 again
-        return (*ZERO_LAYOUTS, (3, False)) if D * c > 1 or model.experts > 1 else (0,)
+        return zero_choices(cells[i][0], cells[i][3], model.experts)
 
     def cost(i: int) -> list:
         D, t, p, c, spv, vv, ep = cells[i]

@@ -42,9 +42,9 @@ def parse_number(name: str, value: Any) -> int | float:
         except decimal.InvalidOperation:
             raise ValueError(f"{name}={value!r} is not a number") from None
         # a whole number is read exactly, digits as typed (1.23456789012345678e17 is
-        # 123,456,789,012,345,678, not the float's ...680); past 10^30 every input is refused
-        # as too large anyway, so its digits are not spelled out
-        if exact.is_finite() and exact == exact.to_integral_value() and exact.adjusted() <= 30:
+        # 123,456,789,012,345,678, not the float's ...680); past MAX_REAL every input is
+        # refused as too large anyway, so its digits are not spelled out
+        if exact.is_finite() and abs(exact) <= MAX_REAL and exact == exact.to_integral_value():
             return int(exact)
         x = float(text)
         if exact.is_finite() and not math.isfinite(x):  # 1e400: typed finite, past a float
