@@ -1,7 +1,7 @@
 """``shardlab train --profile DIR``: a 2-rank run writes one ``torch.profiler`` trace per rank
 (Chrome/Perfetto JSON) whose events name the recorded steps and the collectives, and
 ``shardlab.runtime.trace_timeline`` finds communication on every rank, exposed no more than
-total; bad ``--profile`` input is one sentence before any rank starts.
+total (and possibly none: overlap depends on the machine's scheduling); bad ``--profile`` input is one sentence before any rank starts.
 
 One 2-rank launch (lab 02's DDP, tiny model, 4 steps: 2 traced for bytes and memory, 1
 profiler warm-up, 1 recorded; 4 KB buckets, so the gradients go in several all-reduces)."""
@@ -35,8 +35,10 @@ def test_two_ranks_write_one_trace_each_with_steps_and_collectives(tmp_path):
         assert {n for n in names if n.startswith("ProfilerStep#")} == {"ProfilerStep#3"}
         assert "gloo:all_reduce" in names and "c10d::allreduce_" in names
         t = analyze(load_events(trace))[rank]
-        assert t.steps == 1 and t.compute_us > 0
-        assert 0 < t.exposed_us <= t.comm_us < t.step_us
+        assert t.steps == 1 and t.compute_us > 0 and t.comm_us > 0
+        # exposed can be 0: a clean clone's run had rank 1's every all-reduce inside its
+        # compute (comm 15.0 ms, exposed 0); trace_timeline promises 0 <= exposed <= comm
+        assert 0 <= t.exposed_us <= t.comm_us < t.step_us
 
 
 def test_bad_profile_folder_is_one_sentence(capsys, tmp_path):
